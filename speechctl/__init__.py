@@ -1,0 +1,3 @@
+"""speechctl: speech language models, fast, on stock vLLM."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,244 @@
+"""SpeechEngine: one in-process vLLM engine running a multi-stream model, stepped by us.
+
+The driver submits ``StreamRequest``s (token-id prompts with audio items as codec codes), steps
+vLLM, and turns finished requests into ``StreamOutput``s carrying all streams: the primary token
+ids from vLLM and the auxiliary tokens that the model sampled on the device (read once per step
+for every request that finished in it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import secrets
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from speechctl.engine import vllm_compat
+from speechctl.engine.params import GREEDY, Sampling, StreamParams
+from speechctl.engine.state import slot_capacity
+from speechctl.engine.streams import StreamSpec
+from speechctl.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    """How to run vLLM. ``None`` means vLLM's default for the platform."""
+
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float | None = None
+    num_kv_blocks: int | None = None  # override the KV cache size (tests force preemption)
+    enforce_eager: bool | None = None  # default: eager on CPU (fast start), CUDA graphs on GPU
+    dtype: str = "auto"
+    seed: int = 0
+    tensor_parallel_size: int = 1
+    max_audio_items: int = 4  # audio items per prompt
+
+    def engine_args(self, model: str) -> dict:
+        on_gpu = _has_cuda()
+        args = dict(
+            model=model,
+            tokenizer=model,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            enable_prefix_caching=self.enable_prefix_caching,
+            gpu_memory_utilization=self.gpu_memory_utilization or (0.85 if on_gpu else 0.3),
+            enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
+            seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
+            limit_mm_per_prompt={"audio": self.max_audio_items},
+        )
+        if self.max_num_batched_tokens is not None:
+            args["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.enable_chunked_prefill is not None:
+            args["enable_chunked_prefill"] = self.enable_chunked_prefill
+        if self.num_kv_blocks is not None:
+            args["num_gpu_blocks_override"] = self.num_kv_blocks
+        return args
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass
+class StreamRequest:
+    """One generation: a token-id prompt (one ``<|audio|>`` placeholder per audio item) and the
+    settings of every stream."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    audio_items: list[np.ndarray] = field(default_factory=list)  # each [K, T] codec codes
+    text: Sampling = GREEDY
+    audio: Sampling = GREEDY
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    starts_in_audio: bool = False
+    allow_audio: bool = True
+    max_frames: int = 1 << 30
+    tag: object = None  # the caller's handle, returned with the output
+
+
+@dataclass
+class StreamOutput:
+    tag: object
+    token_ids: list[int]  # primary stream
+    aux: np.ndarray  # [len(token_ids), K] auxiliary streams, step by step
+    finish_reason: str | None
+    error: str | None = None
+
+
+class SpeechEngine:
+    """Owns one vLLM engine in this process and drives its step loop."""
+
+    def __init__(self, model_dir: str | os.PathLike, config: EngineConfig | None = None):
+        vllm_compat.check_vllm_version()
+        vllm_compat.apply_engine_environment()
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from speechctl.engine.state import StreamTracker
+        from speechctl.models import register
+
+        register()
+        self.config = config or EngineConfig()
+        self.model_dir = Path(model_dir)
+        self.spec = read_stream_spec(self.model_dir)
+        args = EngineArgs(logits_processors=[StreamTracker], **self.config.engine_args(str(self.model_dir)))
+        self._vllm = LLMEngine.from_engine_args(args)
+        capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
+        self.capacity = min(capacities)
+        if self.capacity < slot_capacity(self.config.max_num_seqs):
+            raise EngineError("stream runtime smaller than the engine's batch")
+        self._ids = itertools.count()
+        self._live: dict[str, StreamRequest] = {}
+        self._queue: deque[StreamRequest] = deque()
+        self._done: list[StreamOutput] = []
+
+    @property
+    def tokenizer(self):
+        return self._vllm.get_tokenizer()
+
+    # -- request lifecycle ---------------------------------------------------------------------
+
+    def submit(self, request: StreamRequest) -> None:
+        """Queue a request; it enters vLLM when a stream slot is free."""
+        self._queue.append(request)
+
+    def _admit(self) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        while self._queue and len(self._live) < self.capacity:
+            req = self._queue.popleft()
+            key = f"r{next(self._ids)}"
+            seed = req.seed if req.seed is not None else secrets.randbits(63)
+            params = StreamParams(
+                key=key,
+                seed=seed,
+                audio=req.audio,
+                starts_in_audio=req.starts_in_audio,
+                allow_audio=req.allow_audio,
+                max_frames=req.max_frames,
+            )
+            sampling = SamplingParams(
+                temperature=req.text.temperature,
+                top_k=req.text.top_k if req.text.top_k > 0 else -1,
+                top_p=req.text.top_p,
+                # vLLM's own seed only matters where it samples freely (text); the audio
+                # streams draw from ``params.seed`` on the device.
+                seed=seed if req.text.temperature > 0 else None,
+                max_tokens=req.max_tokens,
+                stop_token_ids=list(req.stop_token_ids),
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                extra_args=params.to_extra_args(),
+            )
+            prompt = {"prompt_token_ids": list(req.prompt_ids)}
+            if req.audio_items:
+                prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in req.audio_items]}
+            try:
+                self._vllm.add_request(key, prompt, sampling)
+            except (ValueError, TypeError) as e:  # vLLM rejects bad prompts (too long, ...)
+                empty = np.zeros((0, self.spec.num_codebooks), dtype=np.int32)
+                self._done.append(StreamOutput(req.tag, [], empty, None, error=str(e)))
+                continue
+            self._live[key] = req
+
+    def step(self) -> list[StreamOutput]:
+        """Admit what fits, run one engine step, return the requests that finished in it."""
+        self._admit()
+        finished = []
+        if self._live:
+            for out in self._vllm.step():
+                if out.finished:
+                    finished.append(out)
+        results, self._done = self._done, []
+        if finished:
+            lengths = [(out.request_id, len(out.outputs[0].token_ids)) for out in finished]
+            aux = self._rpc("collect", lengths)
+            self._rpc("release", [key for key, _ in lengths])
+            for out, streams in zip(finished, aux):
+                req = self._live.pop(out.request_id)
+                completion = out.outputs[0]
+                results.append(
+                    StreamOutput(req.tag, list(completion.token_ids), streams, completion.finish_reason)
+                )
+        return results
+
+    def has_work(self) -> bool:
+        return bool(self._queue or self._live or self._done)
+
+    def abort(self, tags: Iterable[object]) -> None:
+        tags = set(map(id, tags))
+        self._queue = deque(r for r in self._queue if id(r.tag) not in tags)
+        keys = [k for k, r in self._live.items() if id(r.tag) in tags]
+        if keys:
+            self._vllm.abort_request(keys)
+            self._rpc("release", keys)
+            for k in keys:
+                self._live.pop(k)
+
+    def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
+        """Run requests with continuous batching; yield outputs as they finish."""
+        pending = iter(requests)
+        exhausted = False
+        while True:
+            while not exhausted and len(self._queue) + len(self._live) < 2 * self.capacity:
+                nxt = next(pending, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    self.submit(nxt)
+            if exhausted and not self.has_work():
+                return
+            yield from self.step()
+
+    def _rpc(self, method: str, *args):
+        # Every worker holds the same stream state (TP ranks sample identically); read rank 0.
+        return self._vllm.collective_rpc(vllm_compat.call_runtime, args=(method, *args))[0]
+
+    def shutdown(self) -> None:
+        engine = getattr(self, "_vllm", None)
+        if engine is not None:
+            self._vllm = None
+            del engine
+
+
+def read_stream_spec(model_dir: Path) -> StreamSpec:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return StreamSpec.from_dict(config.get("speechctl") or {})

@@ -1,0 +1,55 @@
+"""Per-request settings that travel to the model inside ``SamplingParams.extra_args``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+EXTRA_ARGS_KEY = "speechctl"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings of one stream group (text or audio). temperature 0 = greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def filters(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1
+
+
+GREEDY = Sampling(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    """What the model needs to decode one request's auxiliary streams."""
+
+    key: str  # unique per request, chosen by the driver
+    seed: int
+    audio: Sampling = field(default_factory=Sampling)
+    starts_in_audio: bool = False  # the prompt ends with <|audio_bos|> (TTS)
+    allow_audio: bool = True  # the primary stream may open audio (<|audio_bos|>) by itself
+    max_frames: int = 1 << 30  # force the end of audio after this many frames
+
+    def to_extra_args(self) -> dict[str, Any]:
+        return {EXTRA_ARGS_KEY: asdict(self)}
+
+    @classmethod
+    def from_extra_args(cls, extra_args: Mapping[str, Any] | None) -> "StreamParams":
+        if not extra_args or EXTRA_ARGS_KEY not in extra_args:
+            raise ValueError("request lacks speechctl stream parameters (extra_args['speechctl'])")
+        d = dict(extra_args[EXTRA_ARGS_KEY])
+        d["audio"] = Sampling(**d.get("audio", {}))
+        return cls(**d)

@@ -1,0 +1,177 @@
+"""Token streams of a multi-stream speech LM and their layout over decoding steps.
+
+A frame is K+1 tokens: the primary stream (text and control tokens, sampled by vLLM) and K audio
+codebooks (sampled on the device by the model). The audio codebooks are laid out with a delay
+pattern: codebook k is shifted right by ``delays[k]`` steps. The layout is data (``DelayPattern``)
+so that neither the model nor the engine special-cases it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DelayPattern:
+    """Delay layout of K codebooks over decoding steps.
+
+    T frames of codes span ``T + max(delays) + 1`` steps. For K=3, delays [0, 1, 2], T=2
+    (c = code, B = BOS, E = EOS, P = PAD)::
+
+        step       0 1 2 3 4
+        stream 0   c c E P P
+        stream 1   B c c E P
+        stream 2   B B c c E
+
+    The stream with the smallest delay leads: its EOS fixes T, and every other stream then
+    emits its own EOS at ``T + delays[k]`` (the end-of-audio flush).
+    """
+
+    delays: tuple[int, ...]
+    codebook_size: int
+
+    def __post_init__(self):
+        if not self.delays or min(self.delays) < 0:
+            raise ValueError(f"delays must be non-negative, got {self.delays}")
+        if self.codebook_size < 1:
+            raise ValueError(f"codebook_size must be positive, got {self.codebook_size}")
+
+    @property
+    def num_streams(self) -> int:
+        return len(self.delays)
+
+    @property
+    def max_delay(self) -> int:
+        return max(self.delays)
+
+    @property
+    def lead(self) -> int:
+        """The stream whose EOS ends the audio (smallest delay)."""
+        return int(np.argmin(self.delays))
+
+    # Auxiliary-stream vocabulary: codes, then BOS, EOS, PAD.
+    @property
+    def bos(self) -> int:
+        return self.codebook_size
+
+    @property
+    def eos(self) -> int:
+        return self.codebook_size + 1
+
+    @property
+    def pad(self) -> int:
+        return self.codebook_size + 2
+
+    @property
+    def vocab_size(self) -> int:
+        return self.codebook_size + 3
+
+    def num_steps(self, num_frames: int) -> int:
+        return num_frames + self.max_delay + 1
+
+    def num_frames(self, num_steps: int) -> int:
+        frames = num_steps - self.max_delay - 1
+        if frames < 0:
+            raise ValueError(f"{num_steps} steps are too few for delays {list(self.delays)}")
+        return frames
+
+    def code_mask(self, num_frames: int) -> np.ndarray:
+        """[K, S] True where a step holds a code (not BOS/EOS/PAD)."""
+        steps = np.arange(self.num_steps(num_frames))[None, :]
+        d = np.asarray(self.delays)[:, None]
+        return (steps >= d) & (steps < d + num_frames)
+
+    def build(self, codes: np.ndarray) -> np.ndarray:
+        """[K, T] codes -> [K, T + max_delay + 1] interleaved steps."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[0] != self.num_streams:
+            raise ValueError(f"expected codes of shape [{self.num_streams}, T], got {codes.shape}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise ValueError(f"codes must lie in [0, {self.codebook_size})")
+        num_frames = codes.shape[1]
+        steps = np.arange(self.num_steps(num_frames))[None, :]
+        d = np.asarray(self.delays)[:, None]
+        out = np.where(steps < d, self.bos, self.pad)
+        out = np.where(steps == d + num_frames, self.eos, out)
+        mask = self.code_mask(num_frames)
+        out[mask] = codes.reshape(-1)  # row-major: each stream's T steps are contiguous
+        return out.astype(np.int64)
+
+    def revert(self, steps: np.ndarray) -> np.ndarray:
+        """[K, S] interleaved steps -> [K, T] codes; raises if the layout is malformed."""
+        steps = np.asarray(steps)
+        if steps.ndim != 2 or steps.shape[0] != self.num_streams:
+            raise ValueError(f"expected steps of shape [{self.num_streams}, S], got {steps.shape}")
+        num_frames = self.num_frames(steps.shape[1])
+        expected = self.build(np.zeros((self.num_streams, num_frames), dtype=np.int64))
+        mask = self.code_mask(num_frames)
+        if not np.array_equal(steps[~mask], expected[~mask]):
+            raise ValueError("malformed delay layout: BOS/EOS/PAD out of place")
+        codes = steps[mask]
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise ValueError("malformed delay layout: a special token where a code belongs")
+        return codes.reshape(self.num_streams, num_frames)
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Everything about a model's streams that the engine and the model share.
+
+    Read from the ``speechctl`` section of a checkpoint's config.json.
+    """
+
+    pattern: DelayPattern
+    # Primary-stream control tokens.
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    audio_bos_id: int  # the next steps are audio
+    audio_id: int  # an audio step (also the placeholder of audio in prompts)
+    audio_eos_id: int  # audio ended; back to text
+    task_ids: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.pattern.num_streams
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "StreamSpec":
+        try:
+            tokens = d["tokens"]
+            return cls(
+                pattern=DelayPattern(tuple(int(x) for x in d["delays"]), int(d["codebook_size"])),
+                bos_id=int(tokens["bos"]),
+                eos_id=int(tokens["eos"]),
+                pad_id=int(tokens["pad"]),
+                audio_bos_id=int(tokens["audio_bos"]),
+                audio_id=int(tokens["audio"]),
+                audio_eos_id=int(tokens["audio_eos"]),
+                task_ids={k: int(v) for k, v in d.get("tasks", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"invalid speechctl stream config: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "delays": list(self.pattern.delays),
+            "codebook_size": self.pattern.codebook_size,
+            "tokens": {
+                "bos": self.bos_id,
+                "eos": self.eos_id,
+                "pad": self.pad_id,
+                "audio_bos": self.audio_bos_id,
+                "audio": self.audio_id,
+                "audio_eos": self.audio_eos_id,
+            },
+            "tasks": dict(self.task_ids),
+        }
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> "StreamSpec":
+        section = getattr(config, "speechctl", None)
+        if section is None:
+            raise ValueError("config.json has no 'speechctl' section")
+        return cls.from_dict(section)

@@ -1,0 +1,104 @@
+"""Prompt layout of the generic multi-stream family, and reading its outputs back.
+
+    TTS:  <bos> <|tts|> [<|audio_bos|> voice <|audio_eos|>] text <|audio_bos|>   -> audio steps, <|audio_eos|>
+    ASR:  <bos> <|asr|> <|audio_bos|> audio <|audio_eos|>                         -> text, <eos>
+
+``voice`` and ``audio`` are one ``<|audio|>`` placeholder each; vLLM expands it to the item's
+delay-interleaved steps. An audio segment in an output is the run of ``<|audio|>`` steps between
+``<|audio_bos|>`` (or the start, for TTS) and ``<|audio_eos|>``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from speechctl.engine.engine import StreamOutput, StreamRequest
+from speechctl.engine.params import GREEDY, Sampling
+from speechctl.engine.streams import StreamSpec
+from speechctl.errors import EngineError
+
+
+class MultiStreamPrompts:
+    def __init__(self, spec: StreamSpec, tokenizer):
+        self.spec = spec
+        self.tokenizer = tokenizer
+
+    def _text_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _audio_ids(self) -> list[int]:
+        s = self.spec
+        return [s.audio_bos_id, s.audio_id, s.audio_eos_id]
+
+    def tts(
+        self,
+        text: str,
+        *,
+        voice_codes: np.ndarray | None = None,
+        text_sampling: Sampling = GREEDY,
+        audio_sampling: Sampling = GREEDY,
+        seed: int | None = None,
+        max_frames: int = 1000,
+        tag: object = None,
+    ) -> StreamRequest:
+        s = self.spec
+        ids = [s.bos_id, s.task_ids["tts"]]
+        items = []
+        if voice_codes is not None:
+            ids += self._audio_ids()
+            items.append(voice_codes)
+        ids += self._text_ids(text) + [s.audio_bos_id]
+        return StreamRequest(
+            prompt_ids=ids,
+            audio_items=items,
+            max_tokens=max_frames + s.pattern.max_delay + 2,
+            text=text_sampling,
+            audio=audio_sampling,
+            seed=seed,
+            stop_token_ids=[s.audio_eos_id],
+            starts_in_audio=True,
+            max_frames=max_frames,
+            tag=tag,
+        )
+
+    def asr(
+        self,
+        codes: np.ndarray,
+        *,
+        text_sampling: Sampling = GREEDY,
+        seed: int | None = None,
+        max_tokens: int = 256,
+        tag: object = None,
+    ) -> StreamRequest:
+        s = self.spec
+        return StreamRequest(
+            prompt_ids=[s.bos_id, s.task_ids["asr"], *self._audio_ids()],
+            audio_items=[codes],
+            max_tokens=max_tokens,
+            text=text_sampling,
+            seed=seed,
+            stop_token_ids=[s.eos_id],
+            allow_audio=False,
+            tag=tag,
+        )
+
+    def audio_segments(self, out: StreamOutput, starts_in_audio: bool) -> list[np.ndarray]:
+        """De-interleave every audio segment of an output into [K, T] codes."""
+        s = self.spec
+        segments, start = [], 0 if starts_in_audio else None
+        for i, tok in enumerate(out.token_ids):
+            if tok == s.audio_bos_id:
+                start = i + 1
+            elif tok == s.audio_eos_id and start is not None:
+                steps = out.aux[start:i].T
+                try:
+                    segments.append(s.pattern.revert(steps))
+                except ValueError as e:
+                    raise EngineError(f"audio streams came out malformed: {e}") from None
+                start = None
+        if start is not None:
+            raise EngineError("generation stopped before the audio ended (raise max_tokens)")
+        return segments
+
+    def text(self, out: StreamOutput) -> str:
+        return self.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()

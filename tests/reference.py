@@ -1,0 +1,151 @@
+"""Plain-PyTorch reference of the multi-stream speech LM: no vLLM, no KV cache, no batching.
+
+Independent of speechctl's engine code: the backbone is transformers' own implementation, the
+delay layout and the decoding rules are written out here step by step with Python integers.
+Every generation step recomputes the whole sequence. Greedy only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import load_file
+
+
+@dataclass
+class RefRequest:
+    prompt_ids: list[int]  # one <|audio|> placeholder per audio item
+    audio_items: list[np.ndarray]  # [K, T] codes each
+    max_tokens: int
+    stop_ids: tuple[int, ...] = ()
+    starts_in_audio: bool = False
+    allow_audio: bool = True
+    max_frames: int = 1 << 30
+
+
+class ReferenceModel:
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        cfg = json.loads((path / "config.json").read_text())
+        s = cfg["speechctl"]
+        self.delays = [int(d) for d in s["delays"]]
+        self.C = int(s["codebook_size"])
+        self.K = len(self.delays)
+        self.BOS, self.EOS, self.PAD = self.C, self.C + 1, self.C + 2
+        self.Va = self.C + 3
+        t = s["tokens"]
+        self.audio_bos, self.audio, self.audio_eos = t["audio_bos"], t["audio"], t["audio_eos"]
+        config = transformers.AutoConfig.from_pretrained(path)
+        backbone_cls = {
+            "llama": transformers.LlamaModel,
+            "qwen3": transformers.Qwen3Model,
+            "qwen2": transformers.Qwen2Model,
+        }[config.model_type]
+        config._attn_implementation = "eager"
+        self.backbone = backbone_cls(config).eval().float()
+        weights = load_file(str(path / "model.safetensors"))
+        state = {k[len("model.") :]: v.float() for k, v in weights.items() if k.startswith("model.")}
+        missing, unexpected = self.backbone.load_state_dict(state, strict=False)
+        assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+        self.lm_head = weights["lm_head.weight"].float()
+        self.audio_embed = weights["audio_embed.weight"].float().view(self.K, self.Va, -1)
+        self.audio_head = weights["audio_head.weight"].float().view(self.K, self.Va, -1)
+
+    # The delay layout, written out position by position.
+    def interleave(self, codes: np.ndarray) -> list[list[int]]:
+        T = codes.shape[1]
+        steps = []
+        for s in range(T + max(self.delays) + 1):
+            frame = []
+            for k, d in enumerate(self.delays):
+                if s < d:
+                    frame.append(self.BOS)
+                elif s < d + T:
+                    frame.append(int(codes[k, s - d]))
+                elif s == d + T:
+                    frame.append(self.EOS)
+                else:
+                    frame.append(self.PAD)
+            steps.append(frame)
+        return steps
+
+    def _embed(self, primary: list[int], aux: list[list[int]]) -> torch.Tensor:
+        emb = self.backbone.embed_tokens(torch.tensor(primary))
+        for k in range(self.K):
+            emb = emb + self.audio_embed[k][torch.tensor([a[k] for a in aux])]
+        return emb
+
+    @torch.no_grad()
+    def _last_hidden(self, primary, aux) -> torch.Tensor:
+        emb = self._embed(primary, aux)[None]
+        pos = torch.arange(len(primary))[None]
+        return self.backbone(inputs_embeds=emb, position_ids=pos).last_hidden_state[0, -1]
+
+    def generate(self, req: RefRequest) -> tuple[list[int], np.ndarray]:
+        primary, aux = [], []
+        items = iter(req.audio_items)
+        for tok in req.prompt_ids:
+            if tok == self.audio:
+                for frame in self.interleave(next(items)):
+                    primary.append(self.audio)
+                    aux.append(frame)
+            else:
+                primary.append(tok)
+                aux.append([self.PAD] * self.K)
+        lead = int(np.argmin(self.delays))
+        audio_start = 0 if req.starts_in_audio else None  # generated index of audio step 0
+        frames = None  # frame count once the lead stream emitted EOS
+        out_ids, out_aux = [], []
+        for g in range(req.max_tokens):
+            h = self._last_hidden(primary, aux)
+            logits = self.lm_head @ h
+            aux_logits = torch.einsum("kvh,h->kv", self.audio_head, h)
+            if audio_start is not None and g >= audio_start:
+                a = g - audio_start
+                frame = []
+                for k, d in enumerate(self.delays):
+                    if a < d:
+                        tok_k = self.BOS
+                    elif frames is not None and a == frames + d:
+                        tok_k = self.EOS
+                    elif frames is not None and a > frames + d:
+                        tok_k = self.PAD
+                    elif k == lead and frames is None and a - d >= req.max_frames:
+                        tok_k = self.EOS
+                    else:
+                        allowed = aux_logits[k].clone()
+                        allowed[self.C :] = float("-inf")
+                        if k == lead and frames is None and a - d >= 1:
+                            allowed[self.EOS] = aux_logits[k, self.EOS]
+                        tok_k = int(allowed.argmax())
+                    frame.append(tok_k)
+                if frames is None and frame[lead] == self.EOS:
+                    frames = a - self.delays[lead]
+                if frames is not None and a >= frames + max(self.delays) + 1:
+                    tok = self.audio_eos
+                else:
+                    tok = self.audio
+            else:
+                frame = [self.PAD] * self.K
+                masked = logits.clone()
+                masked[self.audio] = float("-inf")
+                masked[self.audio_eos] = float("-inf")
+                if not req.allow_audio:
+                    masked[self.audio_bos] = float("-inf")
+                tok = int(masked.argmax())
+            out_ids.append(tok)
+            out_aux.append(frame)
+            primary.append(tok)
+            aux.append(frame)
+            if tok == self.audio_bos:
+                audio_start, frames = g + 1, None
+            elif tok == self.audio_eos:
+                audio_start = None
+            if tok in req.stop_ids:
+                break
+        return out_ids, np.array(out_aux, dtype=np.int64).reshape(-1, self.K)
