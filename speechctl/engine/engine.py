@@ -39,7 +39,10 @@ class EngineConfig:
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float | None = None
+    block_size: int | None = None  # KV block size in tokens (vLLM's default: 16 GPU, 128 CPU)
     num_kv_blocks: int | None = None  # override the KV cache size (tests force preemption)
+    kv_cache_bytes: int | None = None  # default: 1 GiB on CPU (a fraction of free memory there
+    # would count other engines of this process against this one); GPU: gpu_memory_utilization
     enforce_eager: bool | None = None  # default: eager on CPU (fast start), CUDA graphs on GPU
     dtype: str = "auto"
     seed: int = 0
@@ -65,8 +68,12 @@ class EngineConfig:
             args["max_num_batched_tokens"] = self.max_num_batched_tokens
         if self.enable_chunked_prefill is not None:
             args["enable_chunked_prefill"] = self.enable_chunked_prefill
+        if self.kv_cache_bytes is not None or not on_gpu:
+            args["kv_cache_memory_bytes"] = self.kv_cache_bytes or (1 << 30)
         if self.num_kv_blocks is not None:
             args["num_gpu_blocks_override"] = self.num_kv_blocks
+        if self.block_size is not None:
+            args["block_size"] = self.block_size
         return args
 
 
@@ -101,6 +108,7 @@ class StreamOutput:
     aux: np.ndarray  # [len(token_ids), K] auxiliary streams, step by step
     finish_reason: str | None
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
 
 
 class SpeechEngine:
@@ -196,7 +204,13 @@ class SpeechEngine:
                 req = self._live.pop(out.request_id)
                 completion = out.outputs[0]
                 results.append(
-                    StreamOutput(req.tag, list(completion.token_ids), streams, completion.finish_reason)
+                    StreamOutput(
+                        req.tag,
+                        list(completion.token_ids),
+                        streams,
+                        completion.finish_reason,
+                        num_cached_tokens=out.num_cached_tokens or 0,
+                    )
                 )
         return results
 
@@ -227,6 +241,10 @@ class SpeechEngine:
             if exhausted and not self.has_work():
                 return
             yield from self.step()
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the stream runtime (live requests, resumptions after preemption)."""
+        return self._rpc("stats")
 
     def _rpc(self, method: str, *args):
         # Every worker holds the same stream state (TP ranks sample identically); read rank 0.

@@ -1,0 +1,31 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Keep the embedded model and other caches out of the user's home."""
+    import os
+
+    os.environ["SPEECHCTL_CACHE"] = str(tmp_path_factory.mktemp("speechctl-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A random multi-stream checkpoint in float32. Weights are drawn with a larger spread than
+    the default model's so that greedy choices are separated by more than float rounding."""
+    from speechctl.models.tiny import MultiStreamRecipe, create_multistream_checkpoint
+
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
+    return create_multistream_checkpoint(path, MultiStreamRecipe(seed=3, init_std=0.3))
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_checkpoint):
+    from reference import ReferenceModel
+
+    return ReferenceModel(tiny_checkpoint)

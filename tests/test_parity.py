@@ -1,0 +1,124 @@
+"""Greedy generation through speechctl on vLLM equals the plain-PyTorch reference, token for
+token on every stream, under continuous batching, chunked prefill, preemption and prefix caching."""
+
+import numpy as np
+import pytest
+
+from reference import RefRequest
+
+pytestmark = pytest.mark.engine
+
+CONFIGS = {
+    "default": {},
+    "chunked-prefill": dict(max_num_batched_tokens=16, enable_chunked_prefill=True),
+    # 4 usable blocks of 32 tokens: one request of max length at a time (requests take 20-90)
+    "preemption": dict(num_kv_blocks=5, max_model_len=128),
+}
+
+
+def make_engine(path, **overrides):
+    from speechctl.engine.engine import EngineConfig, SpeechEngine
+
+    settings = dict(max_model_len=512, max_num_seqs=8, dtype="float32", block_size=32)
+    config = EngineConfig(**{**settings, **overrides})
+    return SpeechEngine(path, config)
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def engine(request, tiny_checkpoint):
+    eng = make_engine(tiny_checkpoint, **CONFIGS[request.param])
+    eng.name = request.param
+    yield eng
+    eng.shutdown()
+
+
+def mixed_requests(engine, rng):
+    from speechctl.models.prompts import MultiStreamPrompts
+
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    K, C = engine.spec.num_codebooks, engine.spec.pattern.codebook_size
+    reqs = []
+    texts = ["Hi", "Hello world", "A longer sentence to speak aloud.", "x" * 40, "Ünïcödé ✓"]
+    for i, text in enumerate(texts):
+        reqs.append(prompts.tts(text, max_frames=4 + 9 * i, tag=f"tts{i}"))
+    reqs.append(prompts.tts("with a voice", voice_codes=rng.integers(0, C, (K, 13)), max_frames=20, tag="voice"))
+    for i, frames in enumerate([3, 17, 40, 25]):
+        reqs.append(prompts.asr(rng.integers(0, C, (K, frames)), max_tokens=6 + 7 * i, tag=f"asr{i}"))
+    return reqs
+
+
+def reference_output(reference, req, eos_id):
+    ref = RefRequest(
+        prompt_ids=req.prompt_ids,
+        audio_items=req.audio_items,
+        max_tokens=req.max_tokens,
+        stop_ids=tuple(req.stop_token_ids) + (eos_id,),
+        starts_in_audio=req.starts_in_audio,
+        allow_audio=req.allow_audio,
+        max_frames=req.max_frames,
+    )
+    return reference.generate(ref)
+
+
+def assert_matches(reference, engine, reqs, outs):
+    assert len(outs) == len(reqs)
+    for req in reqs:
+        out = outs[req.tag]
+        assert out.error is None, out.error
+        ids, aux = reference_output(reference, req, engine.spec.eos_id)
+        assert out.token_ids == ids, f"{engine.name}/{req.tag}: primary stream differs"
+        np.testing.assert_array_equal(out.aux, aux, err_msg=f"{engine.name}/{req.tag}: audio streams differ")
+
+
+def test_mixed_batch_equals_reference(engine, reference):
+    reqs = mixed_requests(engine, np.random.default_rng(0))
+    assert len(reqs) >= 8
+    outs = {o.tag: o for o in engine.generate(reqs)}
+    assert_matches(reference, engine, reqs, outs)
+    lengths = {len(o.token_ids) for o in outs.values()}
+    assert len(lengths) >= 5, "rows should finish at different steps"
+    # The configuration did what it is named after.
+    if engine.name == "chunked-prefill":
+        assert max(len(r.prompt_ids) for r in reqs) > 16 or any(r.audio_items for r in reqs)
+    if engine.name == "preemption":
+        assert engine.stats()["resumed"] > 0, "the tiny KV cache should have forced preemption"
+
+
+def test_tts_output_is_a_complete_delay_layout(engine):
+    """Every TTS output ends its audio with each stream's EOS at its delay, then <|audio_eos|>."""
+    from speechctl.models.prompts import MultiStreamPrompts
+
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    reqs = [prompts.tts("abc" * n, max_frames=3 + n, tag=n) for n in range(4)]
+    for out in engine.generate(reqs):
+        (codes,) = prompts.audio_segments(out, starts_in_audio=True)
+        assert 1 <= codes.shape[1] <= 3 + out.tag
+        assert out.token_ids[-1] == engine.spec.audio_eos_id
+
+
+def test_prefix_cache_does_not_mix_audio(tiny_checkpoint, reference):
+    """Two prompts with identical primary tokens but different audio codes: the second must not
+    reuse KV computed for the first (vLLM hashes the audio items into the block hashes)."""
+    from speechctl.models.prompts import MultiStreamPrompts
+
+    engine = make_engine(tiny_checkpoint)
+    engine.name = "prefix-cache"
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    rng = np.random.default_rng(7)
+    K, C = engine.spec.num_codebooks, engine.spec.pattern.codebook_size
+    a, b = rng.integers(0, C, (K, 60)), rng.integers(0, C, (K, 60))
+    first = prompts.asr(a, max_tokens=12, tag="a")
+    second = prompts.asr(b, max_tokens=12, tag="b")
+    again = prompts.asr(a, max_tokens=12, tag="a2")
+    assert first.prompt_ids == second.prompt_ids
+    outs = {}
+    for req in (first, second, again):  # one after another, so cached blocks exist
+        outs.update({o.tag: o for o in engine.generate([req])})
+    assert_matches(reference, engine, [first, second, again], outs)
+    assert outs["a"].token_ids != outs["b"].token_ids, "test needs audio that changes the output"
+    # Prefix caching is on and works: the repeat hits the cache beyond the text prefix, the
+    # prompt with other audio does not.
+    shared_text = 3  # <bos> <|asr|> <|audio_bos|>; the audio steps follow
+    assert outs["a2"].num_cached_tokens > shared_text
+    assert outs["b"].num_cached_tokens <= shared_text
+    engine.shutdown()
