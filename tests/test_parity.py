@@ -19,7 +19,8 @@ CONFIGS = {
 def make_engine(path, **overrides):
     from speechctl.engine.engine import EngineConfig, SpeechEngine
 
-    settings = dict(max_model_len=512, max_num_seqs=8, dtype="float32", block_size=32)
+    # A fixed, small KV cache so that several engines fit beside each other (CPU and GPU).
+    settings = dict(max_model_len=512, max_num_seqs=8, dtype="float32", block_size=32, kv_cache_bytes=1 << 27)
     config = EngineConfig(**{**settings, **overrides})
     return SpeechEngine(path, config)
 

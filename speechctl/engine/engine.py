@@ -48,6 +48,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     max_audio_items: int = 4  # audio items per prompt
+    load_progress: bool = False  # vLLM's progress bar while loading weights
 
     def engine_args(self, model: str) -> dict:
         on_gpu = _has_cuda()
@@ -63,6 +64,7 @@ class EngineConfig:
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
             limit_mm_per_prompt={"audio": self.max_audio_items},
+            use_tqdm_on_load=self.load_progress,
         )
         if self.max_num_batched_tokens is not None:
             args["max_num_batched_tokens"] = self.max_num_batched_tokens
@@ -227,8 +229,10 @@ class SpeechEngine:
             for k in keys:
                 self._live.pop(k)
 
-    def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
-        """Run requests with continuous batching; yield outputs as they finish."""
+    def generate_steps(self, requests: Iterable[StreamRequest]) -> Iterator[list[StreamOutput]]:
+        """Run requests with continuous batching; yield the outputs finished by each step.
+
+        ``requests`` is pulled lazily, keeping at most twice the slot capacity queued."""
         pending = iter(requests)
         exhausted = False
         while True:
@@ -240,7 +244,13 @@ class SpeechEngine:
                     self.submit(nxt)
             if exhausted and not self.has_work():
                 return
-            yield from self.step()
+            outputs = self.step()
+            if outputs:
+                yield outputs
+
+    def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
+        for outputs in self.generate_steps(requests):
+            yield from outputs
 
     def stats(self) -> dict[str, int]:
         """Counters of the stream runtime (live requests, resumptions after preemption)."""

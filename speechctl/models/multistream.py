@@ -223,7 +223,8 @@ class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
         emb = self._embed_streams(input_ids, aux)
         if multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None:
             mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
-            emb = emb.masked_scatter(is_multimodal.unsqueeze(-1), mm)
+            mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
+            emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
         return emb
 
     def forward(

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# GPU smoke on the device machine (vLLM 0.26 bundle staged, see DEVELOPERS notes in docs/gpu.md):
+#   source .gpu/unpack.sh && bash benchmarks/gpu_smoke.sh
+# Writes logs under $OUT (or ./out).
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export SPEECHCTL_CACHE=/tmp/speechctl-cache
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+python3 -m pytest -q -p no:cacheprovider -x tests/test_streams.py tests/test_sampling.py tests/test_parity.py \
+  ${SMOKE_PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"
+echo "pytest exit: ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
+if [ -f speechctl/cli/__init__.py ]; then
+  python3 -m speechctl.cli tts "Hello world" -o "$OUT/hello.wav" 2>&1 | tail -20 | tee "$OUT/tts.log"
+  echo "tts exit: ${PIPESTATUS[0]}" | tee -a "$OUT/tts.log"
+fi

@@ -1,0 +1,221 @@
+"""The Python API: what the CLI does, as functions and one object.
+
+    from speechctl.api import Speech, TtsJob
+    speech = Speech()                      # the embedded "tiny" model; Speech("path/to/ckpt")
+    result = speech.tts("Hello world")     # TtsResult: .audio (float32), .sample_rate, .codes
+    for r in speech.run(jobs): ...         # many TTS/ASR jobs through one continuously batched engine
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from speechctl.engine.params import GREEDY, Sampling
+from speechctl.errors import InputError, SpeechctlError
+
+DEFAULT_TEXT = Sampling(temperature=0.0)
+DEFAULT_AUDIO = Sampling(temperature=0.9, top_k=50)
+ENCODE_CHUNK = 16  # audio inputs encoded per codec call
+
+
+@dataclass
+class TtsJob:
+    id: str
+    text: str
+    voice: np.ndarray | None = None  # reference waveform at the codec's sample rate
+    text_sampling: Sampling = DEFAULT_TEXT
+    audio_sampling: Sampling = DEFAULT_AUDIO
+    seed: int | None = None
+    max_seconds: float = 20.0
+    task = "tts"
+
+
+@dataclass
+class AsrJob:
+    id: str
+    audio: np.ndarray  # waveform at the codec's sample rate
+    text_sampling: Sampling = GREEDY
+    seed: int | None = None
+    max_tokens: int = 256
+    task = "asr"
+
+
+@dataclass
+class FailedJob:
+    """A job that could not be built (say, an unreadable input file); ``run`` reports it."""
+
+    id: str
+    task: str
+    error: str
+
+
+@dataclass
+class TtsResult:
+    id: str
+    audio: np.ndarray | None
+    sample_rate: int
+    codes: np.ndarray | None = None  # [K, T]
+    error: str | None = None
+    task = "tts"
+
+    @property
+    def duration(self) -> float:
+        return 0.0 if self.audio is None else len(self.audio) / self.sample_rate
+
+
+@dataclass
+class AsrResult:
+    id: str
+    text: str | None
+    error: str | None = None
+    task = "asr"
+
+
+Job = TtsJob | AsrJob | FailedJob
+Result = TtsResult | AsrResult
+
+
+@dataclass
+class _Pending:
+    job: Job
+    errors: deque = field(default_factory=deque)
+
+
+class Speech:
+    """A model, its engine and its codec, ready to run TTS and ASR jobs."""
+
+    def __init__(self, model: str | Path | None = None, *, engine_config=None, device: str | None = None):
+        from speechctl.codecs import load_codec
+        from speechctl.engine.engine import SpeechEngine
+        from speechctl.models.catalog import read_config, resolve_model
+        from speechctl.models.prompts import MultiStreamPrompts
+
+        self.model_dir = resolve_model(str(model) if model is not None else None)
+        config = read_config(self.model_dir)
+        self.engine = SpeechEngine(self.model_dir, engine_config)
+        self.prompts = MultiStreamPrompts(self.engine.spec, self.engine.tokenizer)
+        device = device or ("cuda" if _has_cuda() else "cpu")
+        self.codec = load_codec(self.model_dir / config["speechctl"].get("codec", "codec"), device=device)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.codec.sample_rate
+
+    # -- one-shot helpers ----------------------------------------------------------------------
+
+    def tts(self, text: str, **options) -> TtsResult:
+        (result,) = self.run([TtsJob(id="tts", text=text, **options)])
+        if result.error:
+            raise SpeechctlError(result.error)
+        return result
+
+    def asr(self, audio: np.ndarray, **options) -> AsrResult:
+        (result,) = self.run([AsrJob(id="asr", audio=audio, **options)])
+        if result.error:
+            raise SpeechctlError(result.error)
+        return result
+
+    # -- many jobs ------------------------------------------------------------------------------
+
+    def run(self, jobs: Iterable[Job]) -> Iterator[Result]:
+        """Run jobs through the engine together (continuous batching); yield results as they
+        finish. Inputs are encoded and outputs decoded by the codec in batches."""
+        failed: deque[Result] = deque()
+        requests = self._requests(iter(jobs), failed)
+        for outputs in self.engine.generate_steps(requests):
+            while failed:
+                yield failed.popleft()
+            yield from self._finish(outputs)
+        while failed:
+            yield failed.popleft()
+
+    def _requests(self, jobs: Iterator[Job], failed: deque) -> Iterator:
+        while True:
+            chunk = [job for _, job in zip(range(ENCODE_CHUNK), jobs)]
+            if not chunk:
+                return
+            ready = []
+            for job in chunk:
+                error = job.error if isinstance(job, FailedJob) else _validate(job)
+                if error:
+                    failed.append(_failure(job, error, self.sample_rate))
+                else:
+                    ready.append(job)
+            waves = [j.voice if isinstance(j, TtsJob) else j.audio for j in ready]
+            with_audio = [i for i, w in enumerate(waves) if w is not None]
+            codes = dict(zip(with_audio, self.codec.encode([waves[i] for i in with_audio])))
+            for i, job in enumerate(ready):
+                yield self._request(job, codes.get(i))
+
+    def _request(self, job: Job, codes: np.ndarray | None):
+        if isinstance(job, TtsJob):
+            return self.prompts.tts(
+                job.text,
+                voice_codes=codes,
+                text_sampling=job.text_sampling,
+                audio_sampling=job.audio_sampling,
+                seed=job.seed,
+                max_frames=max(1, math.ceil(job.max_seconds * self.codec.frame_rate)),
+                tag=job,
+            )
+        return self.prompts.asr(
+            codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=job
+        )
+
+    def _finish(self, outputs) -> Iterator[Result]:
+        speech_out, codes = [], []
+        for out in outputs:
+            job = out.tag
+            if out.error:
+                yield _failure(job, f"{job.id}: {out.error}", self.sample_rate)
+            elif isinstance(job, TtsJob):
+                try:
+                    (segment,) = self.prompts.audio_segments(out, starts_in_audio=True)
+                except (SpeechctlError, ValueError) as e:
+                    yield _failure(job, f"{job.id}: {e}", self.sample_rate)
+                    continue
+                speech_out.append(job)
+                codes.append(segment)
+            else:
+                yield AsrResult(job.id, self.prompts.text(out))
+        if speech_out:
+            for job, segment, wave in zip(speech_out, codes, self.codec.decode(codes)):
+                yield TtsResult(job.id, wave, self.sample_rate, codes=segment)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def _validate(job: Job) -> str | None:
+    if isinstance(job, TtsJob):
+        if not job.text or not job.text.strip():
+            return f"{job.id}: empty text"
+        if job.max_seconds <= 0:
+            return f"{job.id}: max_seconds must be positive"
+        if job.voice is not None and len(job.voice) == 0:
+            return f"{job.id}: empty voice prompt"
+    elif isinstance(job, AsrJob):
+        if job.audio is None or len(job.audio) == 0:
+            return f"{job.id}: empty audio"
+    return None
+
+
+def _failure(job: Job, error: str, sample_rate: int) -> Result:
+    if getattr(job, "task", None) == "tts":
+        return TtsResult(job.id, None, sample_rate, error=error)
+    return AsrResult(job.id, None, error=error)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+__all__ = ["Speech", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "AsrResult", "InputError"]

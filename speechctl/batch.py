@@ -1,0 +1,109 @@
+"""Run a manifest: every item through one engine together, outputs written as they finish."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speechctl.api import AsrJob, FailedJob, Speech, TtsJob
+from speechctl.audio import read_audio, write_audio, write_json_atomic, write_text_atomic
+from speechctl.errors import InputError
+from speechctl.manifest import (
+    ManifestError,
+    ManifestItem,
+    append_result,
+    completed_ids,
+    manifest_error_record,
+    output_path,
+    read_manifest,
+    result_record,
+)
+
+
+@dataclass
+class BatchReport:
+    done: int = 0
+    skipped: int = 0  # finished in an earlier run
+    failed: list[str] = field(default_factory=list)  # one line per failure
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def plan(manifest: str | Path, out_dir: str | Path) -> tuple[list[ManifestItem], list[ManifestError], int]:
+    """(items still to run, bad lines, items already done)."""
+    items, errors = read_manifest(manifest)
+    done = completed_ids(out_dir)
+    todo = [item for item in items if item.id not in done]
+    return todo, errors, len(items) - len(todo)
+
+
+def run_batch(
+    speech: Speech | None,
+    items: list[ManifestItem],
+    errors: list[ManifestError],
+    out_dir: str | Path,
+    job_options: Callable[[dict], dict],
+    on_result: Callable[[], None] = lambda: None,
+) -> BatchReport:
+    """Run ``items``; record bad lines and failures in results.jsonl and keep going.
+    ``speech`` may be None when there are no items (only bad lines to record)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = BatchReport()
+    for error in errors:
+        append_result(out_dir, manifest_error_record(error))
+        report.failed.append(str(error))
+    by_id = {item.id: item for item in items}
+    results = speech.run(_jobs(speech, items, job_options)) if items else ()
+    for result in results:
+        item = by_id[result.id]
+        error = result.error or _write_output(item, result, out_dir)
+        extras = {}
+        if error is None and item.task == "tts":
+            extras["duration_s"] = round(result.duration, 3)
+        if error is None and item.task == "asr":
+            extras["text"] = result.text
+        append_result(out_dir, result_record(item, error, **extras))
+        if error:
+            report.failed.append(f"line {item.line}: item '{item.id}': {error}")
+        else:
+            report.done += 1
+        on_result()
+    return report
+
+
+def _jobs(speech: Speech, items: list[ManifestItem], job_options) -> Iterator:
+    for item in items:
+        f = item.fields
+        try:
+            if item.task == "tts":
+                voice = read_audio(f["voice"], speech.sample_rate) if "voice" in f else None
+                options = job_options(f)
+                extra = {"max_seconds": f["max_seconds"]} if "max_seconds" in f else {}
+                yield TtsJob(id=item.id, text=f["text"], voice=voice, **options, **extra)
+            else:
+                options = job_options(f)
+                options.pop("audio_sampling")
+                yield AsrJob(id=item.id, audio=read_audio(f["audio"], speech.sample_rate), **options)
+        except InputError as e:
+            yield FailedJob(id=item.id, task=item.task, error=str(e))
+
+
+def _write_output(item: ManifestItem, result, out_dir: Path) -> str | None:
+    path = output_path(out_dir, item)
+    try:
+        if item.task == "tts":
+            write_audio(path, result.audio, result.sample_rate, item.fields["format"])
+        elif item.fields["format"] == "json":
+            write_json_atomic(path, {"id": item.id, "text": result.text})
+        else:
+            write_text_atomic(path, result.text + "\n")
+    except InputError as e:
+        return str(e)
+    return None
+
+
+__all__ = ["plan", "run_batch", "BatchReport"]

@@ -1,0 +1,3 @@
+from speechctl.cli import main
+
+main()

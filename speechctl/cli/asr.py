@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+
+import click
+
+from speechctl.cli.options import engine_options, sampling_options, user_errors
+
+
+@click.command("asr")
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.option("--format", "fmt", type=click.Choice(["txt", "json"]), default="txt", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True, help="Longest transcript, in tokens.")
+@sampling_options
+@engine_options
+@user_errors
+def command(files, fmt, max_tokens, sampling, engine):
+    """Transcribe audio FILEs (- for stdin). Files that fail are reported; the rest still run."""
+    from speechctl.api import AsrJob, FailedJob
+    from speechctl.audio import read_audio
+    from speechctl.errors import InputError
+
+    speech = engine.speech()
+    options = sampling.job_options()
+    options.pop("audio_sampling")
+
+    def jobs():
+        for i, path in enumerate(files):
+            try:
+                yield AsrJob(id=str(i), audio=read_audio(path, speech.sample_rate), max_tokens=max_tokens, **options)
+            except InputError as e:
+                yield FailedJob(id=str(i), task="asr", error=str(e))
+
+    results = sorted(speech.run(jobs()), key=lambda r: int(r.id))
+    failed = [r for r in results if r.error]
+    if fmt == "json":
+        rows = [{"file": files[int(r.id)], "text": r.text, "error": r.error} for r in results]
+        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+    else:
+        for r in results:
+            if r.error is None:
+                click.echo(r.text if len(files) == 1 else f"{files[int(r.id)]}\t{r.text}")
+    for r in failed:
+        click.echo(f"Error: {r.error}", err=True)
+    if failed:
+        raise SystemExit(1)

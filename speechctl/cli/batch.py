@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import click
+
+from speechctl.cli.options import engine_options, sampling_options, user_errors
+
+
+@click.command("batch")
+@click.argument("manifest", type=click.Path(dir_okay=False))
+@click.option("--out-dir", "-o", required=True, type=click.Path(file_okay=False), help="Outputs and results.jsonl go here.")
+@sampling_options
+@engine_options
+@user_errors
+def command(manifest, out_dir, sampling, engine):
+    """Run every item of a JSONL MANIFEST through one engine, continuously batched.
+
+    Each line is {"id": ..., "task": "tts"|"asr", ...}. Outputs are written atomically to
+    OUT_DIR/<id>.<format>, one record per item to OUT_DIR/results.jsonl. A rerun skips the items
+    already done. A bad line is reported and the rest still run; the exit code is 1 if any item
+    failed.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from speechctl.batch import plan, run_batch
+
+    console = Console(stderr=True)
+    items, errors, skipped = plan(manifest, out_dir)
+    for error in errors:
+        console.print(f"[red]Error:[/red] {error}", highlight=False, soft_wrap=True)
+    if skipped:
+        console.print(f"{skipped} item(s) already done in {out_dir}, skipped")
+    report = None
+    if items or errors:
+        speech = engine.speech() if items else None
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=console, transient=False) as progress:
+            bar = progress.add_task("batch", total=len(items))
+            report = run_batch(
+                speech, items, errors, out_dir, sampling.job_options, lambda: progress.advance(bar)
+            )
+        for line in report.failed[len(errors):]:
+            console.print(f"[red]Error:[/red] {line}", highlight=False, soft_wrap=True)
+        console.print(f"{report.done} done, {skipped} skipped, {len(report.failed)} failed -> {out_dir}")
+    else:
+        console.print("nothing to do")
+    if report is not None and not report.ok:
+        raise SystemExit(1)
+

@@ -1,0 +1,114 @@
+"""Options shared by commands, and the one place where library errors become CLI errors."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import click
+
+from speechctl.errors import SpeechctlError
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """vLLM and transformers log a lot at INFO; users see warnings only unless --verbose."""
+    import logging
+    import warnings
+
+    level = "INFO" if verbose else "ERROR"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", level)
+    logging.getLogger("vllm").setLevel(level)  # for messages logged before vLLM configures it
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not verbose:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def user_errors(fn):
+    """Turn speechctl's user-facing errors into one-line CLI errors (exit code 1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpeechctlError as e:
+            raise click.ClickException(str(e)) from None
+
+    return wrapper
+
+
+def engine_options(fn):
+    @click.option("--model", "-m", default=None, metavar="NAME|DIR", help="Built-in model name or checkpoint directory (default: tiny).")
+    @click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Requests decoded together.")
+    @click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Longest prompt + output, in steps.")
+    @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
+    @click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
+    @functools.wraps(fn)
+    def wrapper(*args, model, max_num_seqs, max_model_len, dtype, verbose, **kwargs):
+        quiet_libraries(verbose)
+        kwargs["engine"] = EngineChoice(model, max_num_seqs, max_model_len, dtype)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class EngineChoice:
+    """What the user chose on the command line; ``speech()`` builds the model lazily."""
+
+    def __init__(self, model, max_num_seqs, max_model_len, dtype):
+        self.model = model
+        self.config = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype)
+
+    def speech(self):
+        from speechctl.api import Speech
+        from speechctl.engine.engine import EngineConfig
+
+        return Speech(self.model, engine_config=EngineConfig(**self.config))
+
+
+def sampling_options(fn):
+    @click.option("--temperature", type=click.FloatRange(0), default=None, help="Text stream temperature (0 = greedy).")
+    @click.option("--top-k", type=click.IntRange(0), default=None, help="Text stream top-k (0 = off).")
+    @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Text stream top-p.")
+    @click.option("--audio-temperature", type=click.FloatRange(0), default=None, help="Audio streams temperature (0 = greedy).")
+    @click.option("--audio-top-k", type=click.IntRange(0), default=None, help="Audio streams top-k (0 = off).")
+    @click.option("--audio-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Audio streams top-p.")
+    @click.option("--seed", type=click.IntRange(0), default=None, help="Seed for reproducible sampling.")
+    @functools.wraps(fn)
+    def wrapper(*args, temperature, top_k, top_p, audio_temperature, audio_top_k, audio_top_p, seed, **kwargs):
+        kwargs["sampling"] = SamplingChoice(
+            text=dict(temperature=temperature, top_k=top_k, top_p=top_p),
+            audio=dict(temperature=audio_temperature, top_k=audio_top_k, top_p=audio_top_p),
+            seed=seed,
+        )
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class SamplingChoice:
+    def __init__(self, text: dict, audio: dict, seed: int | None):
+        self.text, self.audio, self.seed = text, audio, seed
+
+    def job_options(self, overrides: dict | None = None) -> dict:
+        """Keyword arguments for a TtsJob/AsrJob: defaults < command line < per-item overrides."""
+        from dataclasses import replace
+
+        from speechctl.api import DEFAULT_AUDIO, DEFAULT_TEXT
+
+        overrides = overrides or {}
+        text = {k: v for k, v in self.text.items() if v is not None}
+        audio = {k: v for k, v in self.audio.items() if v is not None}
+        text.update({k: overrides[k] for k in ("temperature", "top_k", "top_p") if k in overrides})
+        audio.update({k[6:]: overrides[k] for k in ("audio_temperature", "audio_top_k", "audio_top_p") if k in overrides})
+        seed = overrides.get("seed", self.seed)
+        try:
+            return dict(
+                text_sampling=replace(DEFAULT_TEXT, **text),
+                audio_sampling=replace(DEFAULT_AUDIO, **audio),
+                seed=seed,
+            )
+        except ValueError as e:
+            raise SpeechctlError(str(e)) from None

@@ -1,0 +1,372 @@
+"""The acoustic codec interface and the batching every codec shares.
+
+A codec maps a mono waveform of ``T * hop_length`` samples to ``K`` codebooks of ``T`` frames of
+integer codes (``[K, T]``) and back. Subclasses wrap one model family and implement three small
+batched primitives on equal-length batches; this module turns them into ``encode`` / ``decode``
+over lists of items of different lengths that give, up to float rounding, exactly what encoding or
+decoding each item on its own gives.
+
+Why that takes care: the encoders and decoders are convolution stacks whose layers zero-pad at the
+ends of the sequence. Right-padding a short item with extra frames to batch it with longer ones
+changes its last outputs (its last layers see the padding frames' activations instead of zeros).
+Left context matters the same way at the start of a sequence. See ``run_exact_batched``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+# Frames (items x padded frames) per model call; bounds activation memory. About 11 minutes of
+# 50 Hz audio; a full-size DAC decoder needs roughly 0.4 MB of activations per frame.
+DEFAULT_MAX_BATCH_FRAMES = 32768
+
+# Probe lengths (frames) tried in turn when measuring a receptive field.
+_PROBE_FRAMES = (64, 256, 1024, 4096)
+
+Context = tuple[int, int]
+BatchFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Codec(ABC):
+    """A multi-codebook acoustic codec: mono waveforms <-> integer codes ``[K, T]``.
+
+    Attributes:
+        sample_rate: Hz of waveforms in and out.
+        frame_rate: code frames per second (``sample_rate / hop_length``).
+        hop_length: waveform samples per code frame.
+        num_codebooks: ``K``, rows of a code array.
+        codebook_size: codes are ints in ``[0, codebook_size)``.
+        device: where the model runs.
+        decode_context: ``(left, right)`` frames: decoded frame ``t`` depends on code frames
+            ``t - left .. t + right`` only. Measured at load time (see ``measure_context``);
+            ``right == 0`` for a causal decoder. Streaming decode reuses it.
+        encode_context: ``(left, right)`` frames: code frame ``t`` depends on the waveform of
+            frames ``t - left .. t + right`` only.
+        max_batch_frames: largest ``items x padded frames`` given to one model call.
+
+    Subclasses set the model up, call ``Codec.__init__`` and then ``self.measure_contexts()``, and
+    implement ``_decode_batch``, ``_encode_batch`` and ``_encoder_features``.
+    """
+
+    sample_rate: int
+    frame_rate: float
+    hop_length: int
+    num_codebooks: int
+    codebook_size: int
+    device: torch.device
+    decode_context: Context
+    encode_context: Context
+    max_batch_frames: int
+
+    def __init__(
+        self,
+        *,
+        sample_rate: int,
+        hop_length: int,
+        num_codebooks: int,
+        codebook_size: int,
+        device: str | torch.device = "cpu",
+        max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES,
+    ):
+        if max_batch_frames < 1:
+            raise ValueError(f"max_batch_frames must be positive, got {max_batch_frames}")
+        self.sample_rate = int(sample_rate)
+        self.hop_length = int(hop_length)
+        self.frame_rate = self.sample_rate / self.hop_length
+        self.num_codebooks = int(num_codebooks)
+        self.codebook_size = int(codebook_size)
+        self.device = torch.device(device)
+        self.max_batch_frames = int(max_batch_frames)
+
+    # ---- what a codec family implements: equal-length batches, no padding logic ----
+
+    @abstractmethod
+    def _decode_batch(self, codes: torch.Tensor) -> torch.Tensor:
+        """int64 ``[B, K, T]`` on ``self.device`` -> float ``[B, S]`` waveforms, S close to T*hop.
+
+        ``S`` may differ from ``T * hop_length`` by a few samples (odd upsampling strides); the
+        base class trims or zero-pads the end.
+        """
+
+    @abstractmethod
+    def _encode_batch(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """float32 ``[B, T * hop_length]`` on ``self.device`` -> int64 codes ``[B, K, T]``."""
+
+    @abstractmethod
+    def _encoder_features(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """float32 ``[B, T * hop_length]`` -> continuous features ``[B, C, T]`` that fix the codes.
+
+        The encoder output before quantization; quantization must act on each frame alone.
+        Only used to measure ``encode_context``: codes are discrete, so a perturbation that
+        reaches a frame need not change its code, while it always changes these features.
+        """
+
+    # ---- public API ----
+
+    def decode(self, codes: list[np.ndarray]) -> list[np.ndarray]:
+        """Decode items of codes, int ``[K, T]`` each, to float32 waveforms ``[T * hop_length]``.
+
+        Batched internally (see ``run_exact_batched``); each result equals decoding that item on
+        its own up to float rounding. Where the model returns fewer than ``T * hop_length``
+        samples the end is zero-padded (DAC with an odd upsampling stride returns a few short).
+        """
+        items = _as_list(codes, "codes")
+        arrays = [self._check_codes(item, index) for index, item in enumerate(items)]
+        hop = self.hop_length
+
+        def decode_batch(batch: torch.Tensor) -> torch.Tensor:
+            waveforms = self._decode_batch(batch.to(self.device)).float()
+            return _pad_end(waveforms, batch.shape[-1] * hop).cpu()  # exactly T * hop samples
+
+        nonempty = [i for i, a in enumerate(arrays) if a.shape[1] > 0]
+        outputs = run_exact_batched(
+            [torch.from_numpy(arrays[i]) for i in nonempty],
+            decode_batch,
+            in_per_frame=1,
+            out_per_frame=hop,
+            context=self.decode_context,
+            max_batch_frames=self.max_batch_frames,
+        )
+        results = [np.zeros(0, dtype=np.float32) for _ in arrays]
+        for i, output in zip(nonempty, outputs):
+            results[i] = output.numpy()
+        return results
+
+    def encode(self, waveforms: list[np.ndarray]) -> list[np.ndarray]:
+        """Encode mono float waveforms at ``sample_rate`` to int64 codes ``[K, T]`` each.
+
+        A waveform of N samples gives ``T = ceil(N / hop_length)`` frames: its end is zero-padded
+        to the next multiple of ``hop_length`` first (the codec only sees whole frames). Batched
+        internally (see ``run_exact_batched``); each result equals encoding that item on its own,
+        except where float rounding flips a near-tie between two codes (rare).
+        """
+        items = _as_list(waveforms, "waveforms")
+        arrays = [self._check_waveform(item, index) for index, item in enumerate(items)]
+        hop = self.hop_length
+
+        def encode_batch(batch: torch.Tensor) -> torch.Tensor:
+            codes = self._encode_batch(batch.to(self.device))
+            frames = batch.shape[-1] // hop
+            if codes.shape[-1] != frames:
+                name = type(self).__name__
+                raise RuntimeError(f"{name} encoded {frames} frames of audio into {codes.shape[-1]} frames")
+            return codes.long().cpu()
+
+        padded = [np.pad(a, (0, -len(a) % hop)) for a in arrays]
+        nonempty = [i for i, a in enumerate(padded) if len(a) > 0]
+        outputs = run_exact_batched(
+            [torch.from_numpy(padded[i]) for i in nonempty],
+            encode_batch,
+            in_per_frame=hop,
+            out_per_frame=1,
+            context=self.encode_context,
+            max_batch_frames=self.max_batch_frames,
+        )
+        results = [np.zeros((self.num_codebooks, 0), dtype=np.int64) for _ in arrays]
+        for i, output in zip(nonempty, outputs):
+            results[i] = output.numpy()
+        return results
+
+    # ---- receptive fields ----
+
+    def measure_contexts(self, seed: int = 0) -> None:
+        """Measure ``decode_context`` and ``encode_context`` on this model (a few model calls)."""
+        generator = torch.Generator().manual_seed(seed)
+        hop = self.hop_length
+
+        def decode_probe(frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+            shape = (1, self.num_codebooks, frames)
+            base = torch.randint(0, self.codebook_size, shape, generator=generator)
+            changed = base.clone()
+            shift = torch.randint(1, self.codebook_size, (self.num_codebooks,), generator=generator)
+            changed[0, :, frames // 2] = (base[0, :, frames // 2] + shift) % self.codebook_size
+            return base, changed
+
+        def encode_probe(frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+            base = 0.1 * torch.randn(1, frames * hop, generator=generator)
+            changed = base.clone()
+            start = (frames // 2) * hop
+            changed[0, start : start + hop] += 0.1 * torch.randn(hop, generator=generator)
+            return base, changed
+
+        def decode_output(codes: torch.Tensor) -> torch.Tensor:
+            return self._decode_batch(codes.to(self.device)).float().cpu()[:, None, :]
+
+        def encode_output(waveforms: torch.Tensor) -> torch.Tensor:
+            return self._encoder_features(waveforms.to(self.device)).float().cpu()
+
+        self.decode_context = measure_context(decode_output, decode_probe, out_per_frame=hop)
+        self.encode_context = measure_context(encode_output, encode_probe, out_per_frame=1)
+
+    # ---- input checks ----
+
+    def _check_codes(self, codes: np.ndarray, index: int) -> np.ndarray:
+        array = np.asarray(codes)
+        if array.ndim != 2 or array.shape[0] != self.num_codebooks:
+            expected = f"[{self.num_codebooks}, T]"
+            raise ValueError(f"codes[{index}]: expected shape {expected}, got {list(array.shape)}")
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"codes[{index}]: expected integer codes, got dtype {array.dtype}")
+        if array.size and (array.min() < 0 or array.max() >= self.codebook_size):
+            found = f"[{array.min()}, {array.max()}]"
+            raise ValueError(f"codes[{index}]: codes must be in [0, {self.codebook_size}), got {found}")
+        return np.ascontiguousarray(array, dtype=np.int64)
+
+    def _check_waveform(self, waveform: np.ndarray, index: int) -> np.ndarray:
+        array = np.asarray(waveform)
+        if array.ndim != 1:
+            shape = list(array.shape)
+            raise ValueError(f"waveforms[{index}]: expected a mono waveform [N], got shape {shape}")
+        if not np.issubdtype(array.dtype, np.floating):
+            raise ValueError(f"waveforms[{index}]: expected float samples, got dtype {array.dtype}")
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"waveforms[{index}]: contains NaN or infinite samples")
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def run_exact_batched(
+    items: Sequence[torch.Tensor],
+    run: BatchFn,
+    *,
+    in_per_frame: int,
+    out_per_frame: int,
+    context: Context,
+    max_batch_frames: int,
+) -> list[torch.Tensor]:
+    """Apply a frame-synchronous sequence model to items of different lengths, batched and exact.
+
+    ``items[i]`` is ``[..., n_i * in_per_frame]`` (time last, ``n_i >= 1`` frames); ``run`` maps an
+    equal-length batch ``[B, ..., n * in_per_frame]`` to ``[B, ..., n * out_per_frame]``.
+    ``context = (left, right)``: output frame ``t`` depends on input frames ``t-left .. t+right``.
+    Returns ``[..., n_i * out_per_frame]`` per item, equal to ``run`` on that item alone.
+
+    How, with few calls whatever the mix of lengths:
+
+    1. Items of at least ``W = left + right`` frames, longest first, are right-padded into
+       batches of up to ``max_batch_frames`` padded frames: one call per batch. An item's frames
+       ``t < n - right`` are exact: they see neither the padding nor its effect on any layer.
+    2. For each of those items shorter than its batch, the last ``W`` frames are run again as a
+       window with the item's natural end; all windows have ``W`` frames, so they batch together
+       (one call). The window's last ``right`` frames are at least ``left`` frames past its own
+       start, so they are exact, and replace the item's last ``right`` frames.
+    3. Items shorter than ``W`` have no window with both a natural end and enough left context;
+       they run in groups of equal length (no padding). Codecs' windows are a fraction of a
+       second, so these are rare in speech.
+
+    With ``right == 0`` (causal models) padding never reaches back and step 1 alone is exact.
+    """
+    left, right = context
+    lengths = [item.shape[-1] // in_per_frame for item in items]
+    if any(n < 1 or item.shape[-1] != n * in_per_frame for n, item in zip(lengths, items)):
+        raise ValueError(f"items must be whole frames of {in_per_frame} and non-empty")
+    window = left + right
+    outputs: list[torch.Tensor | None] = [None] * len(items)
+
+    def run_batch(indices: list[int], frames: int, start_of: Callable[[int], int]) -> torch.Tensor:
+        length = frames * in_per_frame
+        batch = torch.stack([_pad_end(items[i][..., start_of(i) * in_per_frame :], length) for i in indices])
+        with torch.no_grad():
+            return run(batch)
+
+    # 1. Long items (all items if causal): padded batches, longest first.
+    long_items = [i for i, n in enumerate(lengths) if right == 0 or n >= window]
+    long_items.sort(key=lambda i: -lengths[i])
+    needs_tail: list[int] = []
+    for chunk in _chunks(long_items, lambda first: lengths[first], max_batch_frames):
+        frames = lengths[chunk[0]]
+        batch_out = run_batch(chunk, frames, lambda i: 0)
+        for row, i in enumerate(chunk):
+            outputs[i] = batch_out[row, ..., : lengths[i] * out_per_frame].clone()
+            if right > 0 and lengths[i] < frames:
+                needs_tail.append(i)
+
+    # 2. Tail windows of W frames with each item's natural end.
+    for chunk in _chunks(needs_tail, lambda first: window, max_batch_frames):
+        batch_out = run_batch(chunk, window, lambda i: lengths[i] - window)
+        for row, i in enumerate(chunk):
+            exact_tail = batch_out[row, ..., left * out_per_frame :]
+            outputs[i][..., (lengths[i] - right) * out_per_frame :] = exact_tail
+
+    # 3. Short items: groups of equal length.
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, n in enumerate(lengths):
+        if outputs[i] is None:
+            groups[n].append(i)
+    for frames, group in groups.items():
+        for chunk in _chunks(group, lambda first: frames, max_batch_frames):
+            batch_out = run_batch(chunk, frames, lambda i: 0)
+            for row, i in enumerate(chunk):
+                outputs[i] = batch_out[row].clone()
+    return outputs  # type: ignore[return-value]
+
+
+def measure_context(
+    run: BatchFn,
+    make_probe: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    out_per_frame: int,
+    margin: int = 1,
+) -> Context:
+    """Measure a frame-synchronous model's receptive field ``(left, right)`` in frames.
+
+    ``make_probe(frames)`` returns a random input ``[1, ..., frames * in_per_frame]`` and a copy
+    changed only in frame ``frames // 2``; ``run`` maps ``[B, ..., N]`` inputs to
+    ``[B, C, frames * out_per_frame (+- a few)]`` float outputs. The output samples that change
+    span frames ``mid - right .. mid + left``. The input is run twice in the same batch to read
+    the noise floor of the device (zero on CPU): only changes above it count. The probe grows
+    until the change stays clear of its ends.
+
+    ``margin`` frames are added to each nonzero side: the boundary effects a window must avoid
+    (zero padding inside the network) start at sub-frame offsets that whole-frame measurement
+    can round away. A side measured as 0 (a causal model) stays 0.
+    """
+    for frames in _PROBE_FRAMES:
+        middle = frames // 2
+        base, changed = make_probe(frames)
+        with torch.no_grad():
+            out = run(torch.cat([base, base, changed]))
+        out = out.reshape(out.shape[0], -1, out.shape[-1])
+        noise_floor = (out[1] - out[0]).abs().max()
+        difference = (out[2] - out[0]).abs().amax(dim=0)
+        changed_at = torch.nonzero(difference > noise_floor).flatten()
+        if changed_at.numel() == 0:
+            raise RuntimeError("changing one frame of the input did not change the output")
+        first, last = int(changed_at[0]), int(changed_at[-1])
+        if first >= out_per_frame and last < out.shape[-1] - out_per_frame:
+            left = last // out_per_frame - middle
+            right = middle - first // out_per_frame
+            return (left + margin if left > 0 else 0, right + margin if right > 0 else 0)
+    raise RuntimeError(f"receptive field wider than {_PROBE_FRAMES[-1] // 2} frames")
+
+
+def _as_list(items, name: str) -> list:
+    if isinstance(items, (np.ndarray, torch.Tensor)):
+        raise ValueError(f"{name}: pass a list of arrays, one per item (got a single {type(items).__name__})")
+    return list(items)
+
+
+def _pad_end(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad (or trim) the last axis to ``length``."""
+    if tensor.shape[-1] >= length:
+        return tensor[..., :length]
+    return torch.nn.functional.pad(tensor, (0, length - tensor.shape[-1]))
+
+
+def _chunks(indices: list[int], frames_per_item: Callable[[int], int], budget: int) -> list[list[int]]:
+    """Split ``indices`` (in order) into runs of at most ``budget`` padded frames.
+
+    A run's cost is its size times ``frames_per_item`` of its first index (the longest, as
+    callers sort longest first). A run always takes one index, so an item over budget still runs.
+    """
+    chunks: list[list[int]] = []
+    for index in indices:
+        if chunks and (len(chunks[-1]) + 1) * frames_per_item(chunks[-1][0]) <= budget:
+            chunks[-1].append(index)
+        else:
+            chunks.append([index])
+    return chunks

@@ -1,0 +1,46 @@
+"""Load a codec checkpoint directory by the ``model_type`` in its ``config.json``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import torch
+
+from .base import Codec
+
+# model_type -> "module:class", imported only when used (each family pulls in its own model code).
+CODEC_CLASSES: dict[str, str] = {
+    "dac": "speechctl.codecs.dac:DacCodec",
+}
+
+
+def codec_model_type(path: str | Path) -> str:
+    """The ``model_type`` of the codec checkpoint directory ``path`` (from ``path/config.json``)."""
+    config_path = Path(path) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: not a codec checkpoint (no config.json)") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str):
+        raise ValueError(f"{config_path}: no model_type")
+    return model_type
+
+
+def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) -> Codec:
+    """Load the codec in checkpoint directory ``path`` onto ``device``, in eval mode.
+
+    ``options`` go to the codec class (for example ``max_batch_frames``).
+    Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
+    """
+    model_type = codec_model_type(path)
+    if model_type not in CODEC_CLASSES:
+        known = ", ".join(sorted(CODEC_CLASSES))
+        raise ValueError(f"{path}: unsupported codec model_type {model_type!r} (supported: {known})")
+    module_name, class_name = CODEC_CLASSES[model_type].split(":")
+    codec_class = getattr(importlib.import_module(module_name), class_name)
+    return codec_class(path, device, **options)

@@ -1,0 +1,283 @@
+"""speechctl.codecs: the Codec interface, exact batching, DAC through transformers, load_codec.
+
+A tiny random DAC (K=4 codebooks of 64, hop 320 at 16 kHz: 50 frames/s) stands in for real
+checkpoints. "Exact" means within DECODE_TOLERANCE of decoding each item alone in float32 (the
+observed difference is ~1e-8: float rounding of differently shaped batches); codes are compared
+for equality.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from speechctl.codecs import Codec, load_codec
+from speechctl.codecs.base import measure_context, run_exact_batched
+
+DECODE_TOLERANCE = 1e-5  # max abs difference, float32 waveforms in [-1, 1]
+HOP = 320
+K = 4
+CODEBOOK_SIZE = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """The tiny models are too small to gain from threads, and on a busy machine OpenMP threads
+    that wait on each other cost up to 20x; restored after this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def dac_path(tmp_path_factory):
+    config = transformers.DacConfig(
+        n_codebooks=K,
+        codebook_size=CODEBOOK_SIZE,
+        encoder_hidden_size=8,
+        downsampling_ratios=[2, 4, 5, 8],
+        decoder_hidden_size=32,
+        codebook_dim=8,
+        sampling_rate=16000,
+    )
+    torch.manual_seed(1)
+    model = transformers.DacModel(config).eval()
+    path = tmp_path_factory.mktemp("codecs") / "codec"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def codec(dac_path) -> Codec:
+    return load_codec(dac_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def reference_model(dac_path):
+    """An independent copy of the checkpoint, called the way transformers documents."""
+    return transformers.DacModel.from_pretrained(dac_path).eval()
+
+
+def random_codes(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, CODEBOOK_SIZE, (K, n), dtype=np.int64) for n in lengths]
+
+
+def random_waveforms(sample_counts, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in sample_counts]
+
+
+def boundary_lengths(context):
+    """Lengths around the tail window W = left + right, where the batching strategy changes."""
+    window = sum(context)
+    return [window - 1, window, window + 1]
+
+
+# ---- attributes and loading ----
+
+
+def test_attributes(codec):
+    assert isinstance(codec, Codec)
+    assert codec.sample_rate == 16000
+    assert codec.frame_rate == 50.0
+    assert codec.hop_length == HOP
+    assert codec.num_codebooks == K
+    assert codec.codebook_size == CODEBOOK_SIZE
+    assert codec.device == torch.device("cpu")
+    assert not codec.model.training
+
+
+def test_measured_receptive_fields(codec):
+    # DAC is non-causal: both sides reach past the frame; the tiny model reaches ~9 frames.
+    left, right = codec.decode_context
+    assert 0 < left < 32 and 0 < right < 32
+    left, right = codec.encode_context
+    assert 0 < left < 32 and 0 < right < 32
+
+
+def test_unknown_model_type_raises(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not_a_codec"}))
+    with pytest.raises(ValueError, match="not_a_codec"):
+        load_codec(tmp_path)
+
+
+def test_missing_config_raises(tmp_path):
+    with pytest.raises(ValueError, match="config.json"):
+        load_codec(tmp_path)
+
+
+# ---- decode ----
+
+
+def test_decode_lengths_and_dtype(codec):
+    lengths = [1, 7, 30, 64, 65]
+    for waveform, n in zip(codec.decode(random_codes(lengths)), lengths):
+        assert waveform.dtype == np.float32
+        assert waveform.shape == (n * HOP,)
+
+
+@pytest.mark.parametrize("lengths", [[1, 7, 30, 64, 65], [65, 1, 30, 1, 7, 64, 30]])
+def test_batched_decode_equals_one_by_one(codec, lengths):
+    lengths = lengths + boundary_lengths(codec.decode_context)
+    codes = random_codes(lengths, seed=len(lengths))
+    batched = codec.decode(codes)
+    for item, waveform in zip(codes, batched):
+        alone = codec.decode([item])[0]
+        np.testing.assert_allclose(waveform, alone, rtol=0, atol=DECODE_TOLERANCE)
+
+
+def test_naive_padding_would_differ(codec, reference_model):
+    """Sanity check that the test above has teeth: plain right-padding changes the last samples."""
+    short, long = random_codes([7, 30], seed=3)
+    padded = np.concatenate([short, np.zeros((K, 23), dtype=np.int64)], axis=1)
+    with torch.no_grad():
+        out = reference_model.decode(audio_codes=torch.from_numpy(np.stack([padded, long]))).audio_values
+    alone = codec.decode([short])[0]
+    assert np.abs(out[0, : 7 * HOP - 8].numpy() - alone[: 7 * HOP - 8]).max() > 100 * DECODE_TOLERANCE
+
+
+@pytest.mark.parametrize("length", [1, 7, 30, 65])
+def test_decode_equals_transformers_decode(codec, reference_model, length):
+    (codes,) = random_codes([length], seed=length)
+    with torch.no_grad():
+        reference = reference_model.decode(audio_codes=torch.from_numpy(codes)[None]).audio_values[0].numpy()
+    reference = reference[: length * HOP]
+    (longer,) = random_codes([length + 40], seed=length + 1)
+    alone = codec.decode([codes])[0]
+    in_batch = codec.decode([longer, codes])[1]
+    for waveform in (alone, in_batch):
+        np.testing.assert_allclose(waveform[: len(reference)], reference, rtol=0, atol=DECODE_TOLERANCE)
+        # Stride 5 upsampling returns T*320 - 8 samples; the codec zero-pads to T*320.
+        assert np.all(waveform[len(reference) :] == 0)
+
+
+def test_batch_of_64_uses_few_model_calls(codec, monkeypatch):
+    calls = []
+    decode_batch = codec._decode_batch
+
+    def counting_decode_batch(codes):
+        calls.append(tuple(codes.shape))
+        return decode_batch(codes)
+
+    monkeypatch.setattr(codec, "_decode_batch", counting_decode_batch)
+    window = sum(codec.decode_context)
+    lengths = list(range(window, window + 64))  # 64 different lengths, none shorter than W
+    codes = random_codes(lengths, seed=64)
+    batched = codec.decode(codes)
+    assert len(calls) == 2  # one padded batch, one batch of tail windows
+    for i in (0, 31, 63):
+        np.testing.assert_allclose(batched[i], codec.decode([codes[i]])[0], rtol=0, atol=DECODE_TOLERANCE)
+
+
+def test_small_batch_budget_splits_calls_and_stays_exact(codec, monkeypatch):
+    lengths = [1, 3, 3, 20, 25, 40, 41, 64]
+    codes = random_codes(lengths, seed=5)
+    expected = codec.decode(codes)
+    monkeypatch.setattr(codec, "max_batch_frames", 50)
+    for waveform, reference in zip(codec.decode(codes), expected):
+        np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
+
+
+def test_decode_empty_and_bad_input(codec):
+    assert codec.decode([]) == []
+    (empty,) = codec.decode([np.zeros((K, 0), dtype=np.int64)])
+    assert empty.shape == (0,) and empty.dtype == np.float32
+    with pytest.raises(ValueError, match=r"codes\[0\].*shape"):
+        codec.decode([np.zeros((K + 1, 5), dtype=np.int64)])
+    with pytest.raises(ValueError, match=r"codes\[1\].*\[0, 64\)"):
+        codec.decode([np.zeros((K, 5), dtype=np.int64), np.full((K, 5), CODEBOOK_SIZE)])
+    with pytest.raises(ValueError, match="integer"):
+        codec.decode([np.zeros((K, 5), dtype=np.float32)])
+    with pytest.raises(ValueError, match="list"):
+        codec.decode(np.zeros((K, 5), dtype=np.int64))
+
+
+# ---- encode ----
+
+
+def test_encode_shapes_dtype_range(codec):
+    sample_counts = [1, HOP - 1, HOP, HOP + 1, 30 * HOP + 17]
+    for codes, n in zip(codec.encode(random_waveforms(sample_counts)), sample_counts):
+        assert codes.dtype == np.int64
+        assert codes.shape == (K, -(-n // HOP))
+        assert codes.min() >= 0 and codes.max() < CODEBOOK_SIZE
+
+
+def test_encode_pads_partial_frame_with_zeros(codec):
+    (waveform,) = random_waveforms([7 * HOP + 100], seed=2)
+    padded = np.concatenate([waveform, np.zeros(HOP - 100, dtype=np.float32)])
+    np.testing.assert_array_equal(codec.encode([waveform])[0], codec.encode([padded])[0])
+
+
+def test_batched_encode_equals_one_by_one(codec):
+    frames = [1, 7, 30, 64, 65] + boundary_lengths(codec.encode_context)
+    sample_counts = [n * HOP - (37 * i) % HOP for i, n in enumerate(frames)]
+    waveforms = random_waveforms(sample_counts, seed=7)
+    batched = codec.encode(waveforms)
+    for waveform, codes in zip(waveforms, batched):
+        np.testing.assert_array_equal(codes, codec.encode([waveform])[0])
+
+
+def test_encode_empty_and_bad_input(codec):
+    (empty,) = codec.encode([np.zeros(0, dtype=np.float32)])
+    assert empty.shape == (K, 0) and empty.dtype == np.int64
+    with pytest.raises(ValueError, match="mono"):
+        codec.encode([np.zeros((2, HOP), dtype=np.float32)])
+    with pytest.raises(ValueError, match="float"):
+        codec.encode([np.zeros(HOP, dtype=np.int16)])
+    with pytest.raises(ValueError, match="NaN"):
+        codec.encode([np.full(HOP, np.nan, dtype=np.float32)])
+
+
+def test_round_trip(codec):
+    sample_counts = [HOP * 5 + 3, HOP * 40]
+    codes = codec.encode(random_waveforms(sample_counts, seed=9))
+    waveforms = codec.decode(codes)
+    for waveform, n in zip(waveforms, sample_counts):
+        assert waveform.shape == (-(-n // HOP) * HOP,)
+        assert np.all(np.isfinite(waveform)) and np.abs(waveform).max() <= 1.0
+
+
+# ---- the batching engine on its own, with known receptive fields ----
+
+
+def conv_model(kernel_size: int, causal: bool):
+    """A zero-padded conv stack (two layers with bias) over [B, N] -> [B, N]: fixed reach."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(1, 1, kernel_size, generator=generator) for _ in range(2)]
+
+    def run(batch: torch.Tensor) -> torch.Tensor:
+        hidden = batch[:, None, :].float()
+        for weight in weights:
+            pad = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+            hidden = torch.nn.functional.conv1d(torch.nn.functional.pad(hidden, pad), weight)
+            hidden = torch.tanh(hidden + 0.5)
+        return hidden[:, 0, :]
+
+    return run
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_run_exact_batched_on_conv_stack(causal):
+    run = conv_model(kernel_size=5, causal=causal)
+
+    def probe(frames):
+        base = torch.randn(1, frames)
+        changed = base.clone()
+        changed[0, frames // 2] += 1.0
+        return base, changed
+
+    context = measure_context(run, probe, out_per_frame=1, margin=0)
+    assert context == ((8, 0) if causal else (4, 4))
+    items = [torch.randn(n) for n in [1, 3, 7, 8, 9, 20, 20, 33]]
+    outputs = run_exact_batched(
+        items, run, in_per_frame=1, out_per_frame=1, context=context, max_batch_frames=64
+    )
+    for item, output in zip(items, outputs):
+        torch.testing.assert_close(output, run(item[None])[0], rtol=0, atol=1e-6)
