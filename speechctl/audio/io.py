@@ -19,7 +19,6 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import soundfile as sf
-import soxr
 
 from speechctl.errors import InputError
 
@@ -92,6 +91,8 @@ def _to_mono_rate(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarra
     """Average (frames, channels) ``samples`` to mono; resample ``rate`` -> ``target_rate``."""
     mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
     if rate != target_rate:
+        import soxr  # only needed when resampling
+
         mono = soxr.resample(mono, rate, target_rate, quality=_RESAMPLE_QUALITY)
     return np.ascontiguousarray(mono, dtype=np.float32)
 
