@@ -54,6 +54,9 @@ def engine_options(fn):
     return wrapper
 
 
+_LOADED: dict = {}  # commands run in one process (tests, scripts) share a loaded model
+
+
 class EngineChoice:
     """What the user chose on the command line; ``speech()`` builds the model lazily."""
 
@@ -65,7 +68,10 @@ class EngineChoice:
         from speechctl.api import Speech
         from speechctl.engine.engine import EngineConfig
 
-        return Speech(self.model, engine_config=EngineConfig(**self.config))
+        key = (self.model, tuple(sorted(self.config.items())))
+        if key not in _LOADED:
+            _LOADED[key] = Speech(self.model, engine_config=EngineConfig(**self.config))
+        return _LOADED[key]
 
 
 def sampling_options(fn):

@@ -1,0 +1,150 @@
+"""The command line end to end on the embedded default model (random weights)."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from click.testing import CliRunner
+
+from speechctl.cli import cli
+
+SAMPLES = Path(__file__).parent.parent / "samples"
+pytestmark = pytest.mark.engine
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def one_line_error(result, *fragments):
+    assert result.exit_code != 0
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_help_imports_no_torch_or_vllm():
+    code = (
+        "import sys; from click.testing import CliRunner; from speechctl.cli import cli;"
+        "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output;"
+        "assert 'tts' in r.output and 'batch' in r.output;"
+        "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_readme_command_writes_a_wav(tmp_path):
+    """`speechctl tts "Hello world" -o hello.wav`, as a real process."""
+    exe = Path(sys.executable).parent / "speechctl"
+    env = {**os.environ, "SPEECHCTL_CACHE": os.environ["SPEECHCTL_CACHE"]}
+    proc = subprocess.run(
+        [str(exe), "tts", "Hello world", "-o", "hello.wav"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    audio, rate = sf.read(tmp_path / "hello.wav")
+    assert rate == 16000 and audio.ndim == 1 and len(audio) > 0
+    assert "Traceback" not in proc.stderr
+
+
+def test_tts_stdin_to_stdout_and_flac(tmp_path):
+    result = run("tts", "-", "-o", "-", input="Text from stdin.\n")
+    assert result.exit_code == 0, result.stderr
+    audio, rate = sf.read(io.BytesIO(result.stdout_bytes))
+    assert rate == 16000 and len(audio) > 0
+    result = run("tts", "flac please", "-o", str(tmp_path / "a.flac"))
+    assert result.exit_code == 0, result.stderr
+    assert sf.info(str(tmp_path / "a.flac")).format == "FLAC"
+
+
+def test_tts_seed_reproduces_sampling(tmp_path):
+    args = ["--audio-temperature", "1.0", "--audio-top-k", "20"]
+    paths = [tmp_path / f"{name}.wav" for name in ("a", "b", "c")]
+    for path, seed in zip(paths, ("7", "7", "8")):
+        result = run("tts", "Same text each time.", "-o", str(path), "--seed", seed, *args)
+        assert result.exit_code == 0, result.stderr
+    a, b, c = (sf.read(p)[0] for p in paths)
+    np.testing.assert_array_equal(a, b)
+    assert len(a) != len(c) or not np.array_equal(a, c)
+
+
+def test_tts_with_a_stereo_44k_voice(tmp_path):
+    t = np.linspace(0, 1.0, 44100, endpoint=False)
+    stereo = np.stack([np.sin(2 * np.pi * 220 * t), np.sin(2 * np.pi * 330 * t)], axis=1) * 0.3
+    sf.write(tmp_path / "voice.wav", stereo, 44100)
+    result = run("tts", "In that voice.", "-o", str(tmp_path / "out.wav"), "--voice", str(tmp_path / "voice.wav"))
+    assert result.exit_code == 0, result.stderr
+    assert sf.info(str(tmp_path / "out.wav")).frames > 0
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["tts", "", "-o", "x.wav"], ["empty text"]),
+        (["tts", "hi", "-o", "x.mp3"], ["x.mp3", ".mp3"]),
+        (["tts", "hi", "-o", "x.wav", "--voice", "missing.wav"], ["missing.wav", "no such file"]),
+        (["tts", "hi", "-o", "x.wav", "--voice", "notaudio.wav"], ["notaudio.wav", "not a supported audio file"]),
+        (["tts", "hi", "-o", "x.wav", "--model", "no-such-model"], ["unknown model 'no-such-model'"]),
+        (["asr", "missing.wav"], ["missing.wav", "no such file"]),
+        (["batch", "missing.jsonl", "--out-dir", "out"], ["missing.jsonl"]),
+        (["models", "no-such-model"], ["unknown model"]),
+    ],
+)
+def test_bad_input_gives_one_line_errors(tmp_path, monkeypatch, args, fragments):
+    monkeypatch.chdir(tmp_path)
+    Path("notaudio.wav").write_text("this is not audio")
+    one_line_error(run(*args), *fragments)
+    assert not Path("x.wav").exists()
+
+
+def test_asr_reports_bad_files_and_transcribes_the_rest(tmp_path):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF....WAVEjunk")
+    hello = str(SAMPLES / "hello.wav")
+    result = run("asr", hello, str(bad), hello, "--format", "json")
+    assert result.exit_code == 1
+    rows = json.loads(result.stdout)
+    assert [r["file"] for r in rows] == [hello, str(bad), hello]
+    assert rows[0]["error"] is None and isinstance(rows[0]["text"], str)
+    assert rows[0]["text"] == rows[2]["text"]  # greedy: same audio, same transcript
+    assert "bad.wav" in rows[1]["error"]
+    assert "bad.wav" in result.stderr
+
+
+def test_batch_runs_good_items_names_bad_lines_and_resumes(tmp_path):
+    out = tmp_path / "out"
+    result = run("batch", str(SAMPLES / "broken.jsonl"), "--out-dir", str(out))
+    assert result.exit_code == 1
+    assert "broken.jsonl:3: item 'empty'" in result.stderr
+    assert "broken.jsonl:5" in result.stderr
+    records = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()]
+    ok = {r["id"] for r in records if r["status"] == "ok"}
+    good = [json.loads(l)["id"] for l in (SAMPLES / "manifest.jsonl").read_text().splitlines() if l.strip()]
+    assert ok == set(good)
+    for r in records:
+        if r["status"] == "ok":
+            assert (out / r["output"]).is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")], "temporary files left behind"
+    asr = next(r for r in records if r["task"] == "asr")
+    assert (out / asr["output"]).read_text().strip() == asr["text"].strip()
+
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix in (".wav", ".flac", ".txt")}
+    again = run("batch", str(SAMPLES / "manifest.jsonl"), "--out-dir", str(out))
+    assert again.exit_code == 0, again.stderr
+    assert f"{len(good)} item(s) already done" in again.stderr
+    after = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.suffix in (".wav", ".flac", ".txt")}
+    assert before == after
+
+
+def test_models_list_and_describe():
+    result = run("models")
+    assert result.exit_code == 0 and "tiny" in result.stdout
+    result = run("models", "tiny")
+    assert result.exit_code == 0
+    assert "codebooks" in result.stdout and "dac" in result.stdout
