@@ -10,7 +10,7 @@ export SPEECHCTL_CACHE=/tmp/speechctl-cache
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -q -p no:cacheprovider tests/test_streams.py tests/test_sampling.py tests/test_parity.py \
+python3 -m pytest -q -p no:cacheprovider tests/test_streams.py tests/test_sampling.py tests/test_vllm_compat.py tests/test_parity.py \
   ${SMOKE_PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"
 echo "pytest exit: ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
 if [ -f speechctl/cli/__init__.py ]; then

@@ -1,0 +1,108 @@
+"""Every vLLM internal speechctl relies on (see speechctl/engine/vllm_compat.py), checked
+against the installed vLLM. A failure here means vLLM changed under us: fix the compat module,
+not the test."""
+
+import inspect
+
+import pytest
+
+from speechctl.engine import vllm_compat
+
+
+def test_vllm_series_is_supported():
+    vllm_compat.check_vllm_version()
+    assert vllm_compat.VLLM_SERIES in vllm_compat.SUPPORTED_SERIES
+
+
+def test_engine_environment_is_known_to_vllm():
+    import vllm.envs as envs
+
+    for name in vllm_compat._ENGINE_ENV:
+        assert name in envs.environment_variables, name
+    assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
+    assert envs.VLLM_USE_V2_MODEL_RUNNER is False
+
+
+def test_runner_builds_inputs_before_embedding_them():
+    """StepView reads query_start_loc and positions while embed_input_ids runs: _prepare_inputs
+    must fill them before _preprocess embeds the scheduled tokens (multimodal models always
+    embed outside the CUDA graph)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    execute = inspect.getsource(GPUModelRunner.execute_model)
+    assert execute.index("self._prepare_inputs(") < execute.index("self._preprocess(")
+    preprocess = inspect.getsource(GPUModelRunner._preprocess)
+    assert "self.supports_mm_inputs" in preprocess and "self.model.embed_input_ids(" in preprocess
+    init = inspect.getsource(GPUModelRunner.__init__)
+    assert "self.positions = " in init and "self.query_start_loc = " in init
+
+
+def test_logits_processors_see_the_batch_before_the_forward():
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    refresh = inspect.getsource(InputBatch.refresh_metadata)
+    assert "update_state(batch_update)" in refresh
+    update = inspect.getsource(GPUModelRunner._update_states)
+    assert update.index("condense()") < update.index("refresh_metadata()")
+    assert update.index("_may_reorder_batch(") < update.index("refresh_metadata()")
+
+
+def test_batch_update_shapes():
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+    fields = {f.name for f in BatchUpdate.__dataclass_fields__.values()}
+    assert {"batch_size", "removed", "added", "moved"} <= fields
+    assert {m.name for m in MoveDirectionality} == {"UNIDIRECTIONAL", "SWAP"}
+    assert {"update_state", "apply", "is_argmax_invariant", "validate_params"} <= set(dir(LogitsProcessor))
+    add = inspect.getsource(__import__("vllm.v1.worker.gpu_input_batch", fromlist=["x"]).InputBatch._register_add_request)
+    assert "request.prompt_token_ids" in add and "request.sampling_params" in add
+
+
+def test_multimodal_processor_hooks_exist_for_this_series():
+    from vllm.multimodal.processing import BaseMultiModalProcessor
+
+    if vllm_compat.VLLM_SERIES == "0.26":
+        params = inspect.signature(BaseMultiModalProcessor._apply_hf_processor_mm_only).parameters
+        assert list(params)[1:] == ["mm_items", "hf_processor_mm_kwargs", "tokenization_kwargs"]
+    else:
+        assert not hasattr(BaseMultiModalProcessor, "_apply_hf_processor_mm_only")
+        main = inspect.getsource(BaseMultiModalProcessor._apply_hf_processor_main)
+        assert "if hf_data:" in main, "0.32 must skip the HF processor when there is no processor data"
+    from vllm.multimodal.processing.inputs import ProcessorInputs
+
+    assert list(inspect.signature(ProcessorInputs).parameters)[:2] == ["prompt", "mm_data_items"]
+
+
+def test_engine_args_we_pass_exist():
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = set(EngineArgs.__dataclass_fields__)
+    from speechctl.engine.engine import EngineConfig
+
+    args = EngineConfig(max_num_batched_tokens=64, enable_chunked_prefill=True, num_kv_blocks=4, block_size=32).engine_args("m")
+    assert set(args) <= fields, set(args) - fields
+    assert "logits_processors" in fields
+
+
+@pytest.mark.engine
+def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
+    from speechctl.engine.engine import EngineConfig, SpeechEngine
+
+    engine = SpeechEngine(tiny_checkpoint, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", kv_cache_bytes=1 << 26))
+    view_ok = engine._vllm.collective_rpc(_check_view)
+    assert view_ok == [True]
+    engine.shutdown()
+
+
+def _check_view(worker):
+    import torch
+
+    runner = vllm_compat.worker_runner(worker)
+    view = runner.get_model().stream_runtime.view
+    return (
+        isinstance(view, vllm_compat.StepView)
+        and isinstance(view.positions(4), torch.Tensor)
+        and view.query_start_loc(1).shape == (2,)
+        and isinstance(view.num_reqs(), int)
+    )
