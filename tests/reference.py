@@ -86,7 +86,13 @@ class ReferenceModel:
         pos = torch.arange(len(primary))[None]
         return self.backbone(inputs_embeds=emb, position_ids=pos).last_hidden_state[0, -1]
 
-    def generate(self, req: RefRequest) -> tuple[list[int], np.ndarray]:
+    def generate(self, req: RefRequest, forced=None) -> tuple[list[int], np.ndarray]:
+        """Greedy generation. With ``forced = (ids, aux)`` (another implementation's output) the
+        reference follows those tokens instead and records in ``self.disagreements`` every
+        (step, stream, gap) where a forced free choice is not its own argmax; ``gap`` is how much
+        higher the reference scores its choice (a numerical tie when tiny). Forced rule tokens
+        (BOS/EOS/PAD, the primary during audio) must match exactly."""
+        self.disagreements = []
         primary, aux = [], []
         items = iter(req.audio_items)
         for tok in req.prompt_ids:
@@ -122,7 +128,7 @@ class ReferenceModel:
                         allowed[self.C :] = float("-inf")
                         if k == lead and frames is None and a - d >= 1:
                             allowed[self.EOS] = aux_logits[k, self.EOS]
-                        tok_k = int(allowed.argmax())
+                        tok_k = self._choose(allowed, forced, g, 1 + k)
                     frame.append(tok_k)
                 if frames is None and frame[lead] == self.EOS:
                     frames = a - self.delays[lead]
@@ -137,7 +143,13 @@ class ReferenceModel:
                 masked[self.audio_eos] = float("-inf")
                 if not req.allow_audio:
                     masked[self.audio_bos] = float("-inf")
-                tok = int(masked.argmax())
+                tok = self._choose(masked, forced, g, 0)
+            if forced is not None:
+                if g >= len(forced[0]):
+                    raise AssertionError(f"the other output stopped early, at step {g}")
+                if [forced[0][g], *map(int, forced[1][g])] != [tok, *frame]:
+                    raise AssertionError(f"step {g}: rule tokens differ: {[tok, *frame]} vs "
+                                         f"{[forced[0][g], *map(int, forced[1][g])]}")
             out_ids.append(tok)
             out_aux.append(frame)
             primary.append(tok)
@@ -148,4 +160,15 @@ class ReferenceModel:
                 audio_start = None
             if tok in req.stop_ids:
                 break
+        if forced is not None and len(forced[0]) != len(out_ids):
+            raise AssertionError(f"the other output ran on past step {len(out_ids)}")
         return out_ids, np.array(out_aux, dtype=np.int64).reshape(-1, self.K)
+
+    def _choose(self, logits: torch.Tensor, forced, step: int, stream: int) -> int:
+        best = int(logits.argmax())
+        if forced is None:
+            return best
+        token = int(forced[0][step]) if stream == 0 else int(forced[1][step][stream - 1])
+        if token != best:
+            self.disagreements.append((step, stream, float(logits[best] - logits[token])))
+        return token

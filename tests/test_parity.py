@@ -7,6 +7,8 @@ import pytest
 from reference import RefRequest
 
 pytestmark = pytest.mark.engine
+TIE_GAP = 0.02  # logit gap under which two choices are a numerical tie (logits here span ~±5)
+TIES = []  # near-tie flips seen on CUDA, all tests of this module
 
 CONFIGS = {
     "default": {},
@@ -48,7 +50,7 @@ def mixed_requests(engine, rng):
     return reqs
 
 
-def reference_output(reference, req, eos_id):
+def _ref_request(req, eos_id):
     ref = RefRequest(
         prompt_ids=req.prompt_ids,
         audio_items=req.audio_items,
@@ -58,17 +60,37 @@ def reference_output(reference, req, eos_id):
         allow_audio=req.allow_audio,
         max_frames=req.max_frames,
     )
-    return reference.generate(ref)
+    return ref
+
+
+def reference_output(reference, req, eos_id):
+    return reference.generate(_ref_request(req, eos_id))
 
 
 def assert_matches(reference, engine, reqs, outs):
-    assert len(outs) == len(reqs)
+    """On the CPU (IEEE float32 throughout) every token of every stream must equal the
+    reference's. On CUDA, vLLM's float32 attention kernels round differently (Triton dots), so a
+    greedy choice may flip where the reference's top two logits are a near tie: there the
+    reference follows our tokens and each disagreement must be such a tie (gap < TIE_GAP)."""
+    import torch
+
+    tolerant = torch.cuda.is_available()
     for req in reqs:
         out = outs[req.tag]
         assert out.error is None, out.error
-        ids, aux = reference_output(reference, req, engine.spec.eos_id)
-        assert out.token_ids == ids, f"{engine.name}/{req.tag}: primary stream differs"
-        np.testing.assert_array_equal(out.aux, aux, err_msg=f"{engine.name}/{req.tag}: audio streams differ")
+        name = f"{engine.name}/{req.tag}"
+        if not tolerant:
+            ids, aux = reference_output(reference, req, engine.spec.eos_id)
+            assert out.token_ids == ids, f"{name}: primary stream differs"
+            np.testing.assert_array_equal(out.aux, aux, err_msg=f"{name}: audio streams differ")
+            continue
+        reference.generate(_ref_request(req, engine.spec.eos_id), forced=(out.token_ids, out.aux))
+        ties = reference.disagreements
+        assert all(gap < TIE_GAP for _, _, gap in ties), f"{name}: not a near tie: {ties}"
+        TIES.extend(ties)
+    assert len(outs) == len(reqs)
+    total = sum(len(o.token_ids) * (1 + engine.spec.num_codebooks) for o in outs.values())
+    assert len(TIES) <= max(2, total // 100), f"too many near-tie flips: {TIES}"
 
 
 def test_mixed_batch_equals_reference(engine, reference):
