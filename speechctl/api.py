@@ -93,15 +93,14 @@ class Speech:
     def __init__(self, model: str | Path | None = None, *, engine_config=None, device: str | None = None):
         from speechctl.codecs import load_codec
         from speechctl.engine.engine import SpeechEngine
-        from speechctl.models.catalog import read_config, resolve_model
+        from speechctl.models.catalog import codec_dir, resolve_model
         from speechctl.models.prompts import MultiStreamPrompts
 
         self.model_dir = resolve_model(str(model) if model is not None else None)
-        config = read_config(self.model_dir)
         self.engine = SpeechEngine(self.model_dir, engine_config)
         self.prompts = MultiStreamPrompts(self.engine.spec, self.engine.tokenizer)
         device = device or ("cuda" if _has_cuda() else "cpu")
-        self.codec = load_codec(self.model_dir / config["speechctl"].get("codec", "codec"), device=device)
+        self.codec = load_codec(codec_dir(self.model_dir), device=device)
 
     @property
     def sample_rate(self) -> int:

@@ -64,6 +64,12 @@ class EngineChoice:
         self.model = model
         self.config = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype)
 
+    def sample_rate(self) -> int:
+        """The model's audio rate, read from its files without loading it."""
+        from speechctl.models.catalog import codec_sample_rate, resolve_model
+
+        return codec_sample_rate(resolve_model(self.model))
+
     def speech(self):
         from speechctl.api import Speech
         from speechctl.engine.engine import EngineConfig

@@ -26,10 +26,8 @@ def command(text, output, voice, fmt, max_seconds, sampling, engine):
     if not text.strip():
         raise InputError("empty text: nothing to speak")
     fmt = resolve_audio_format(output, fmt)
-    if voice is not None:
-        read_audio(voice, 16000)  # fail on a bad voice file before the model loads
+    voice_wav = read_audio(voice, engine.sample_rate()) if voice else None  # before the model loads
     speech = engine.speech()
-    voice_wav = read_audio(voice, speech.sample_rate) if voice else None
     result = speech.tts(text, voice=voice_wav, max_seconds=max_seconds, **sampling.job_options())
     write_audio(output, result.audio, result.sample_rate, fmt)
     if output != "-":

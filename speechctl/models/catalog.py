@@ -45,6 +45,19 @@ def read_config(path: Path) -> dict:
     return config
 
 
+def codec_dir(path: Path) -> Path:
+    return path / read_config(path).get("speechctl", {}).get("codec", "codec")
+
+
+def codec_sample_rate(path: Path) -> int:
+    """The waveform rate the model's codec takes, read from its config (no model load)."""
+    config_file = codec_dir(path) / "config.json"
+    try:
+        return int(json.loads(config_file.read_text())["sampling_rate"])
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{config_file}: no usable codec config ({e})") from None
+
+
 def describe_model(name: str | None) -> dict:
     """A summary of a model: architecture, backbone shape, streams and codec."""
     path = resolve_model(name)
@@ -64,9 +77,9 @@ def describe_model(name: str | None) -> dict:
         "delays": streams.get("delays"),
         "dtype": config.get("dtype") or config.get("torch_dtype"),
     }
-    codec_dir = path / streams.get("codec", "codec")
-    if (codec_dir / "config.json").is_file():
-        codec = json.loads((codec_dir / "config.json").read_text())
+    codec_config = codec_dir(path) / "config.json"
+    if codec_config.is_file():
+        codec = json.loads(codec_config.read_text())
         info["codec"] = codec.get("model_type")
         info["sample_rate"] = codec.get("sampling_rate")
     if info["name"] in BUILTIN:
