@@ -145,3 +145,18 @@ def test_prefix_cache_does_not_mix_audio(tiny_checkpoint, reference):
     assert outs["a2"].num_cached_tokens > shared_text
     assert outs["b"].num_cached_tokens <= shared_text
     engine.shutdown()
+
+
+@pytest.mark.parametrize("backbone", ["qwen3", "qwen2"])
+def test_other_backbones_equal_reference(tmp_path, backbone):
+    """The backbone is vLLM's own implementation chosen by config.json's model_type."""
+    from reference import ReferenceModel
+    from speechctl.models.tiny import MultiStreamRecipe, create_multistream_checkpoint
+
+    path = create_multistream_checkpoint(tmp_path / backbone, MultiStreamRecipe(backbone=backbone, seed=5, init_std=0.3))
+    engine = make_engine(path)
+    engine.name = backbone
+    reqs = mixed_requests(engine, np.random.default_rng(1))[::2]
+    outs = {o.tag: o for o in engine.generate(reqs)}
+    assert_matches(ReferenceModel(path), engine, reqs, outs)
+    engine.shutdown()
