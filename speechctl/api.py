@@ -109,13 +109,13 @@ class Speech:
     # -- one-shot helpers ----------------------------------------------------------------------
 
     def tts(self, text: str, **options) -> TtsResult:
-        (result,) = self.run([TtsJob(id="tts", text=text, **options)])
+        (result,) = self.run([TtsJob(id="text", text=text, **options)])
         if result.error:
             raise SpeechctlError(result.error)
         return result
 
     def asr(self, audio: np.ndarray, **options) -> AsrResult:
-        (result,) = self.run([AsrJob(id="asr", audio=audio, **options)])
+        (result,) = self.run([AsrJob(id="audio", audio=audio, **options)])
         if result.error:
             raise SpeechctlError(result.error)
         return result

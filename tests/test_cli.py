@@ -148,3 +148,13 @@ def test_models_list_and_describe():
     result = run("models", "tiny")
     assert result.exit_code == 0
     assert "codebooks" in result.stdout and "dac" in result.stdout
+
+
+def test_inputs_too_long_for_the_model_are_named(tmp_path):
+    long_wav = tmp_path / "long.wav"
+    sf.write(long_wav, np.random.default_rng(0).normal(0, 0.1, 16000 * 100).astype("float32"), 16000)
+    result = run("asr", str(long_wav))
+    one_line_error(result, "long.wav", "does not fit max_model_len")
+    result = run("tts", "word " * 1000, "-o", str(tmp_path / "x.wav"))
+    one_line_error(result, "does not fit max_model_len")
+    assert not (tmp_path / "x.wav").exists()

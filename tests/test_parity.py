@@ -160,3 +160,17 @@ def test_other_backbones_equal_reference(tmp_path, backbone):
     outs = {o.tag: o for o in engine.generate(reqs)}
     assert_matches(ReferenceModel(path), engine, reqs, outs)
     engine.shutdown()
+
+
+def test_audio_budget_shrinks_to_fit_max_model_len(engine):
+    """A TTS prompt close to max_model_len gets fewer frames, but its audio still ends properly."""
+    from speechctl.models.prompts import MultiStreamPrompts
+
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    limit = engine.config.max_model_len
+    req = prompts.tts("y" * (limit - 40), max_frames=100)
+    (out,) = engine.generate([req])
+    assert out.error is None
+    assert engine.prompt_length(req) + len(out.token_ids) <= limit
+    (codes,) = prompts.audio_segments(out, starts_in_audio=True)
+    assert 1 <= codes.shape[1] < 100

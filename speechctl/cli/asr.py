@@ -24,22 +24,26 @@ def command(files, fmt, max_tokens, sampling, engine):
     options = sampling.job_options()
     options.pop("audio_sampling")
 
-    def jobs():
-        for i, path in enumerate(files):
-            try:
-                yield AsrJob(id=str(i), audio=read_audio(path, speech.sample_rate), max_tokens=max_tokens, **options)
-            except InputError as e:
-                yield FailedJob(id=str(i), task="asr", error=str(e))
+    # Job ids name the file (errors say which); a file given twice gets a #n suffix.
+    ids = [path if files.index(path) == i else f"{path}#{i}" for i, path in enumerate(files)]
 
-    results = sorted(speech.run(jobs()), key=lambda r: int(r.id))
+    def jobs():
+        for job_id, path in zip(ids, files):
+            try:
+                yield AsrJob(id=job_id, audio=read_audio(path, speech.sample_rate), max_tokens=max_tokens, **options)
+            except InputError as e:
+                yield FailedJob(id=job_id, task="asr", error=str(e))
+
+    order = {job_id: i for i, job_id in enumerate(ids)}
+    results = sorted(speech.run(jobs()), key=lambda r: order[r.id])
     failed = [r for r in results if r.error]
     if fmt == "json":
-        rows = [{"file": files[int(r.id)], "text": r.text, "error": r.error} for r in results]
+        rows = [{"file": files[order[r.id]], "text": r.text, "error": r.error} for r in results]
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
     else:
         for r in results:
             if r.error is None:
-                click.echo(r.text if len(files) == 1 else f"{files[int(r.id)]}\t{r.text}")
+                click.echo(r.text if len(files) == 1 else f"{files[order[r.id]]}\t{r.text}")
     for r in failed:
         click.echo(f"Error: {r.error}", err=True)
     if failed:

@@ -156,6 +156,11 @@ class SpeechEngine:
 
         while self._queue and len(self._live) < self.capacity:
             req = self._queue.popleft()
+            try:
+                max_tokens, max_frames = self._fit(req)
+            except EngineError as e:
+                self._fail(req, str(e))
+                continue
             key = f"r{next(self._ids)}"
             seed = req.seed if req.seed is not None else secrets.randbits(63)
             params = StreamParams(
@@ -164,7 +169,7 @@ class SpeechEngine:
                 audio=req.audio,
                 starts_in_audio=req.starts_in_audio,
                 allow_audio=req.allow_audio,
-                max_frames=req.max_frames,
+                max_frames=max_frames,
             )
             sampling = SamplingParams(
                 temperature=req.text.temperature,
@@ -173,7 +178,7 @@ class SpeechEngine:
                 # vLLM's own seed only matters where it samples freely (text); the audio
                 # streams draw from ``params.seed`` on the device.
                 seed=seed if req.text.temperature > 0 else None,
-                max_tokens=req.max_tokens,
+                max_tokens=max_tokens,
                 stop_token_ids=list(req.stop_token_ids),
                 output_kind=RequestOutputKind.FINAL_ONLY,
                 extra_args=params.to_extra_args(),
@@ -183,11 +188,31 @@ class SpeechEngine:
                 prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in req.audio_items]}
             try:
                 self._vllm.add_request(key, prompt, sampling)
-            except (ValueError, TypeError) as e:  # vLLM rejects bad prompts (too long, ...)
-                empty = np.zeros((0, self.spec.num_codebooks), dtype=np.int32)
-                self._done.append(StreamOutput(req.tag, [], empty, None, error=str(e)))
+            except vllm_compat.REQUEST_ERRORS as e:  # vLLM rejects what _fit did not foresee
+                self._fail(req, str(e).splitlines()[0])
                 continue
             self._live[key] = req
+
+    def prompt_length(self, req: StreamRequest) -> int:
+        """Positions of the prompt once each audio placeholder is expanded to its steps."""
+        steps = sum(self.spec.pattern.num_steps(np.shape(c)[1]) for c in req.audio_items)
+        return len(req.prompt_ids) - len(req.audio_items) + steps
+
+    def _fit(self, req: StreamRequest) -> tuple[int, int]:
+        """(max_tokens, max_frames) within max_model_len; a request must still be able to end
+        its audio properly, so frames shrink with the token budget."""
+        limit = self.config.max_model_len
+        prompt = self.prompt_length(req)
+        if prompt >= limit:
+            raise EngineError(f"prompt of {prompt} steps does not fit max_model_len {limit}")
+        excess = max(0, prompt + req.max_tokens - limit)
+        if excess and req.starts_in_audio and req.max_frames - excess < 1:
+            raise EngineError(f"prompt of {prompt} steps leaves no room for audio in max_model_len {limit}")
+        return req.max_tokens - excess, req.max_frames - excess
+
+    def _fail(self, req: StreamRequest, error: str) -> None:
+        empty = np.zeros((0, self.spec.num_codebooks), dtype=np.int32)
+        self._done.append(StreamOutput(req.tag, [], empty, None, error=error))
 
     def step(self) -> list[StreamOutput]:
         """Admit what fits, run one engine step, return the requests that finished in it."""

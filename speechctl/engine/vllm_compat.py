@@ -34,6 +34,17 @@ VLLM_VERSION = vllm.__version__
 VLLM_SERIES = ".".join(VLLM_VERSION.split(".")[:2])
 
 
+def _request_errors() -> tuple[type[Exception], ...]:
+    """Exceptions vLLM raises for a request it will not take (too long, bad parameters).
+    0.26's VLLMValidationError is a ValueError; 0.32's derives from VLLMClientError."""
+    import vllm.exceptions
+
+    return (ValueError, TypeError, getattr(vllm.exceptions, "VLLMValidationError", ValueError))
+
+
+REQUEST_ERRORS = _request_errors()
+
+
 def check_vllm_version() -> None:
     if VLLM_SERIES not in SUPPORTED_SERIES:
         raise RuntimeError(
