@@ -174,3 +174,28 @@ def test_audio_budget_shrinks_to_fit_max_model_len(engine):
     assert engine.prompt_length(req) + len(out.token_ids) <= limit
     (codes,) = prompts.audio_segments(out, starts_in_audio=True)
     assert 1 <= codes.shape[1] < 100
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(engine):
+    """Sampled audio streams (temperature, top-k, top-p) with a seed come out the same whether
+    the request runs alone or beside others with other settings."""
+    from speechctl.engine.params import Sampling
+    from speechctl.models.prompts import MultiStreamPrompts
+
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    audio = Sampling(temperature=1.0, top_k=20, top_p=0.9)
+
+    def target():
+        return prompts.tts("Sample me.", audio_sampling=audio, seed=11, max_frames=30, tag="target")
+
+    (alone,) = engine.generate([target()])
+    others = [
+        prompts.tts(f"Other {i}", audio_sampling=Sampling(temperature=0.5 + i), seed=i, max_frames=10 + i, tag=i)
+        for i in range(5)
+    ]
+    together = {o.tag: o for o in engine.generate(others[:2] + [target()] + others[2:])}
+    assert together["target"].token_ids == alone.token_ids
+    np.testing.assert_array_equal(together["target"].aux, alone.aux)
+    greedy = prompts.tts("Sample me.", max_frames=30)
+    (g,) = engine.generate([greedy])
+    assert not np.array_equal(g.aux, alone.aux), "sampling should differ from greedy"

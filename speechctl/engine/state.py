@@ -227,10 +227,10 @@ class StreamRuntime:
         forced = torch.where(in_audio, forced, pat.pad)  # text positions carry PAD
         eos_ok = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= 1)
 
+        # Free choices are codes; the lead stream may also end the audio (EOS).
         aux_logits = aux_logits.float()
-        special = torch.zeros(aux_logits.shape[:2] + (3,), device=aux_logits.device)
-        special[..., :] = float("-inf")
-        special[..., 1] = torch.where(eos_ok, 0.0, float("-inf"))
+        special = torch.full(aux_logits.shape[:2] + (3,), float("-inf"), device=aux_logits.device)
+        special[..., pat.eos - pat.codebook_size] = torch.where(eos_ok, 0.0, float("-inf"))
         aux_logits[..., pat.codebook_size :] += special
         tokens = sample_streams(
             aux_logits,
