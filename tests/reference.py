@@ -26,6 +26,13 @@ class RefRequest:
     starts_in_audio: bool = False
     allow_audio: bool = True
     max_frames: int = 1 << 30
+    min_frames: int = 1
+    # Classifier-free guidance by batch doubling: the unconditional prompt runs beside the
+    # conditional one and both continue with the same (guided) tokens.
+    uncond_prompt_ids: list[int] | None = None
+    cfg_scale: float = 1.0
+    cfg_streams: str = "both"  # text | audio | both
+    cfg_top_k: int = 0
 
 
 class ReferenceModel:
@@ -86,16 +93,10 @@ class ReferenceModel:
         pos = torch.arange(len(primary))[None]
         return self.backbone(inputs_embeds=emb, position_ids=pos).last_hidden_state[0, -1]
 
-    def generate(self, req: RefRequest, forced=None) -> tuple[list[int], np.ndarray]:
-        """Greedy generation. With ``forced = (ids, aux)`` (another implementation's output) the
-        reference follows those tokens instead and records in ``self.disagreements`` every
-        (step, stream, gap) where a forced free choice is not its own argmax; ``gap`` is how much
-        higher the reference scores its choice (a numerical tie when tiny). Forced rule tokens
-        (BOS/EOS/PAD, the primary during audio) must match exactly."""
-        self.disagreements = []
+    def _expand(self, prompt_ids, audio_items):
         primary, aux = [], []
-        items = iter(req.audio_items)
-        for tok in req.prompt_ids:
+        items = iter(audio_items)
+        for tok in prompt_ids:
             if tok == self.audio:
                 for frame in self.interleave(next(items)):
                     primary.append(self.audio)
@@ -103,14 +104,44 @@ class ReferenceModel:
             else:
                 primary.append(tok)
                 aux.append([self.PAD] * self.K)
+        return primary, aux
+
+    def _logits(self, primary, aux):
+        h = self._last_hidden(primary, aux)
+        return self.lm_head @ h, torch.einsum("kvh,h->kv", self.audio_head, h)
+
+    def _guide(self, req, cond, uncond, text: bool):
+        """l = l_u + s * (l_c - l_u); with a CFG top-k, the conditional logits restricted to the
+        top-k tokens of the guided ones (Dia)."""
+        merged = uncond + req.cfg_scale * (cond - uncond)
+        if req.cfg_top_k:
+            kth = merged.topk(req.cfg_top_k, dim=-1).values[..., -1:]
+            merged = torch.where(merged >= kth, cond, torch.full_like(cond, float("-inf")))
+        guided = req.cfg_streams in (("text", "both") if text else ("audio", "both"))
+        return merged if guided else cond
+
+    def generate(self, req: RefRequest, forced=None) -> tuple[list[int], np.ndarray]:
+        """Greedy generation. With ``forced = (ids, aux)`` (another implementation's output) the
+        reference follows those tokens instead and records in ``self.disagreements`` every
+        (step, stream, gap) where a forced free choice is not its own argmax; ``gap`` is how much
+        higher the reference scores its choice (a numerical tie when tiny). Forced rule tokens
+        (BOS/EOS/PAD, the primary during audio) must match exactly."""
+        self.disagreements = []
+        primary, aux = self._expand(req.prompt_ids, req.audio_items)
+        guided = req.cfg_scale != 1.0
+        if guided:
+            u_primary, u_aux = self._expand(req.uncond_prompt_ids, [])
+            assert len(u_primary) == len(primary), "CFG prompts must have the same length"
         lead = int(np.argmin(self.delays))
         audio_start = 0 if req.starts_in_audio else None  # generated index of audio step 0
         frames = None  # frame count once the lead stream emitted EOS
         out_ids, out_aux = [], []
         for g in range(req.max_tokens):
-            h = self._last_hidden(primary, aux)
-            logits = self.lm_head @ h
-            aux_logits = torch.einsum("kvh,h->kv", self.audio_head, h)
+            logits, aux_logits = self._logits(primary, aux)
+            if guided:
+                u_logits, u_aux_logits = self._logits(u_primary, u_aux)
+                logits = self._guide(req, logits, u_logits, text=True)
+                aux_logits = self._guide(req, aux_logits, u_aux_logits, text=False)
             if audio_start is not None and g >= audio_start:
                 a = g - audio_start
                 frame = []
@@ -126,7 +157,7 @@ class ReferenceModel:
                     else:
                         allowed = aux_logits[k].clone()
                         allowed[self.C :] = float("-inf")
-                        if k == lead and frames is None and a - d >= 1:
+                        if k == lead and frames is None and a - d >= req.min_frames:
                             allowed[self.EOS] = aux_logits[k, self.EOS]
                         tok_k = self._choose(allowed, forced, g, 1 + k)
                     frame.append(tok_k)
@@ -154,6 +185,9 @@ class ReferenceModel:
             out_aux.append(frame)
             primary.append(tok)
             aux.append(frame)
+            if guided:
+                u_primary.append(tok)
+                u_aux.append(frame)
             if tok == self.audio_bos:
                 audio_start, frames = g + 1, None
             elif tok == self.audio_eos:

@@ -45,6 +45,7 @@ def mixed_requests(engine, rng):
     for i, text in enumerate(texts):
         reqs.append(prompts.tts(text, max_frames=4 + 9 * i, tag=f"tts{i}"))
     reqs.append(prompts.tts("with a voice", voice_codes=rng.integers(0, C, (K, 13)), max_frames=20, tag="voice"))
+    reqs.append(prompts.tts("at least twelve", min_frames=12, max_frames=30, tag="min"))
     for i, frames in enumerate([3, 17, 40, 25]):
         reqs.append(prompts.asr(rng.integers(0, C, (K, frames)), max_tokens=6 + 7 * i, tag=f"asr{i}"))
     return reqs
@@ -59,6 +60,7 @@ def _ref_request(req, eos_id):
         starts_in_audio=req.starts_in_audio,
         allow_audio=req.allow_audio,
         max_frames=req.max_frames,
+        min_frames=req.min_frames,
     )
     return ref
 
@@ -113,9 +115,12 @@ def test_tts_output_is_a_complete_delay_layout(engine):
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     reqs = [prompts.tts("abc" * n, max_frames=3 + n, tag=n) for n in range(4)]
+    reqs.append(prompts.tts("fixed length", max_frames=9, min_frames=9, tag=6))
     for out in engine.generate(reqs):
         (codes,) = prompts.audio_segments(out, starts_in_audio=True)
         assert 1 <= codes.shape[1] <= 3 + out.tag
+        if out.tag == 6:
+            assert codes.shape[1] == 9
         assert out.token_ids[-1] == engine.spec.audio_eos_id
 
 
@@ -199,3 +204,22 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine):
     greedy = prompts.tts("Sample me.", max_frames=30)
     (g,) = engine.generate([greedy])
     assert not np.array_equal(g.aux, alone.aux), "sampling should differ from greedy"
+
+
+def test_generated_blocks_stay_out_of_the_prefix_cache(tiny_checkpoint):
+    """A generated block's KV depends on sampled audio tokens that vLLM's block hashes do not
+    see, so two requests with one prompt would share wrong KV after a preemption. Only prompt
+    blocks may be cached: a prompt that repeats another request's prompt and primary outputs
+    hits the cache for the prompt part only."""
+    from speechctl.engine.engine import StreamRequest
+    from speechctl.models.prompts import MultiStreamPrompts
+
+    engine = make_engine(tiny_checkpoint)
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    first = prompts.tts("z" * 62, max_frames=70, min_frames=70)  # 65-token prompt: 2 full blocks
+    (out,) = engine.generate([first])
+    assert len(out.token_ids) > 64
+    replay = StreamRequest(prompt_ids=first.prompt_ids + out.token_ids[:64], max_tokens=1, allow_audio=False)
+    (again,) = engine.generate([replay])
+    assert again.num_cached_tokens == 64  # the prompt's two full blocks, nothing generated
+    engine.shutdown()

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from speechctl.engine import vllm_compat
-from speechctl.engine.params import GREEDY, Sampling, StreamParams
+from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling, StreamParams
 from speechctl.engine.state import slot_capacity
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import EngineError
@@ -65,6 +65,10 @@ class EngineConfig:
             tensor_parallel_size=self.tensor_parallel_size,
             limit_mm_per_prompt={"audio": self.max_audio_items},
             use_tqdm_on_load=self.load_progress,
+            # CFG pairs need a scheduler that keeps them in lock-step; without pairs it is
+            # vLLM's own (async on GPU, where vLLM defaults to async scheduling).
+            async_scheduling=on_gpu,
+            scheduler_cls=vllm_compat.pair_scheduler_class(async_scheduling=on_gpu),
         )
         if self.max_num_batched_tokens is not None:
             args["max_num_batched_tokens"] = self.max_num_batched_tokens
@@ -100,6 +104,9 @@ class StreamRequest:
     starts_in_audio: bool = False
     allow_audio: bool = True
     max_frames: int = 1 << 30
+    min_frames: int = 1  # = max_frames for a fixed length (benchmarks)
+    guidance: Guidance = NO_GUIDANCE
+    uncond_prompt_ids: list[int] | None = None  # the CFG partner's prompt (same length)
     tag: object = None  # the caller's handle, returned with the output
 
 
@@ -111,6 +118,7 @@ class StreamOutput:
     finish_reason: str | None
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
+    partner_cached_tokens: int = 0  # the same for a CFG pair's unconditional member
 
 
 class SpeechEngine:
@@ -136,7 +144,9 @@ class SpeechEngine:
         if self.capacity < slot_capacity(self.config.max_num_seqs):
             raise EngineError("stream runtime smaller than the engine's batch")
         self._ids = itertools.count()
-        self._live: dict[str, StreamRequest] = {}
+        self._live: dict[str, StreamRequest] = {}  # vLLM request id -> request (both CFG members)
+        self._partner: dict[str, str] = {}  # CFG pairs, both directions
+        self._unconditional: set[str] = set()
         self._queue: deque[StreamRequest] = deque()
         self._done: list[StreamOutput] = []
 
@@ -151,10 +161,7 @@ class SpeechEngine:
         self._queue.append(request)
 
     def _admit(self) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        while self._queue and len(self._live) < self.capacity:
+        while self._queue and len(self._live) + 2 <= self.capacity:
             req = self._queue.popleft()
             try:
                 max_tokens, max_frames = self._fit(req)
@@ -162,36 +169,65 @@ class SpeechEngine:
                 self._fail(req, str(e))
                 continue
             key = f"r{next(self._ids)}"
+            members = [(key, req.prompt_ids, req.audio_items, True)]
+            if req.guidance.enabled:  # the unconditional member: no audio items
+                members.append((key + "u", req.uncond_prompt_ids, [], False))
             seed = req.seed if req.seed is not None else secrets.randbits(63)
-            params = StreamParams(
-                key=key,
-                seed=seed,
-                audio=req.audio,
-                starts_in_audio=req.starts_in_audio,
-                allow_audio=req.allow_audio,
-                max_frames=max_frames,
-            )
-            sampling = SamplingParams(
-                temperature=req.text.temperature,
-                top_k=req.text.top_k if req.text.top_k > 0 else -1,
-                top_p=req.text.top_p,
-                # vLLM's own seed only matters where it samples freely (text); the audio
-                # streams draw from ``params.seed`` on the device.
-                seed=seed if req.text.temperature > 0 else None,
-                max_tokens=max_tokens,
-                stop_token_ids=list(req.stop_token_ids),
-                output_kind=RequestOutputKind.FINAL_ONLY,
-                extra_args=params.to_extra_args(),
-            )
-            prompt = {"prompt_token_ids": list(req.prompt_ids)}
-            if req.audio_items:
-                prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in req.audio_items]}
             try:
-                self._vllm.add_request(key, prompt, sampling)
+                for member, prompt_ids, items, conditional in members:
+                    params = StreamParams(
+                        key=member,
+                        seed=seed,
+                        audio=req.audio,
+                        starts_in_audio=req.starts_in_audio,
+                        allow_audio=req.allow_audio,
+                        max_frames=max_frames,
+                        min_frames=min(req.min_frames, max_frames),
+                        partner=(key + "u" if conditional else key) if len(members) == 2 else None,
+                        conditional=conditional,
+                        guidance=req.guidance,
+                        text=req.text,
+                    )
+                    self._vllm.add_request(member, _prompt(prompt_ids, items), self._sampling(req, params, max_tokens))
+                    self._live[member] = req
+                    if params.partner is not None:
+                        self._partner[member] = params.partner
+                    if not conditional:
+                        self._unconditional.add(member)
             except vllm_compat.REQUEST_ERRORS as e:  # vLLM rejects what _fit did not foresee
+                self._drop([m[0] for m in members])
                 self._fail(req, str(e).splitlines()[0])
-                continue
-            self._live[key] = req
+
+    @staticmethod
+    def _sampling(req: StreamRequest, params: StreamParams, max_tokens: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        # Paired requests take one-hot primary logits from the model (it samples each pair's
+        # token once), so vLLM's own text sampling only runs for unpaired requests. vLLM's seed
+        # only matters where it samples freely; the audio streams draw from ``params.seed``.
+        text = req.text if params.partner is None else GREEDY
+        return SamplingParams(
+            temperature=text.temperature,
+            top_k=text.top_k if text.top_k > 0 else -1,
+            top_p=text.top_p,
+            seed=params.seed if text.temperature > 0 else None,
+            max_tokens=max_tokens,
+            stop_token_ids=list(req.stop_token_ids),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args=params.to_extra_args(),
+        )
+
+    def _drop(self, keys: list[str]) -> None:
+        """Abort requests inside vLLM (if they got there) and free their slots."""
+        live = [k for k in keys if k in self._live]
+        if live:
+            self._vllm.abort_request(live)
+            self._rpc("release", live)
+            for k in live:
+                del self._live[k]
+                self._partner.pop(k, None)
+                self._unconditional.discard(k)
 
     def prompt_length(self, req: StreamRequest) -> int:
         """Positions of the prompt once each audio placeholder is expanded to its steps."""
@@ -205,6 +241,12 @@ class SpeechEngine:
         prompt = self.prompt_length(req)
         if prompt >= limit:
             raise EngineError(f"prompt of {prompt} steps does not fit max_model_len {limit}")
+        if req.guidance.enabled:
+            if req.uncond_prompt_ids is None or len(req.uncond_prompt_ids) != prompt:
+                raise EngineError("a CFG request needs an unconditional prompt of the same length")
+            budget = self._vllm.vllm_config.scheduler_config.max_num_batched_tokens
+            if 2 * prompt > budget:  # a pair's prefill runs in one step
+                raise EngineError(f"CFG prompt of {prompt} steps: both members need {2 * prompt} > max_num_batched_tokens {budget}")
         excess = max(0, prompt + req.max_tokens - limit)
         if excess and req.starts_in_audio and req.max_frames - excess < 1:
             raise EngineError(f"prompt of {prompt} steps leaves no room for audio in max_model_len {limit}")
@@ -223,22 +265,50 @@ class SpeechEngine:
                 if out.finished:
                     finished.append(out)
         results, self._done = self._done, []
-        if finished:
-            lengths = [(out.request_id, len(out.outputs[0].token_ids)) for out in finished]
-            aux = self._rpc("collect", lengths)
-            self._rpc("release", [key for key, _ in lengths])
-            for out, streams in zip(finished, aux):
-                req = self._live.pop(out.request_id)
-                completion = out.outputs[0]
-                results.append(
-                    StreamOutput(
-                        req.tag,
-                        list(completion.token_ids),
-                        streams,
-                        completion.finish_reason,
-                        num_cached_tokens=out.num_cached_tokens or 0,
-                    )
+        if not finished:
+            return results
+        lengths = [(out.request_id, len(out.outputs[0].token_ids)) for out in finished]
+        streams = dict(zip((k for k, _ in lengths), self._rpc("collect", lengths)))
+        self._rpc("release", [k for k, _ in lengths])
+        ended = set(streams)
+        partners = {key: self._partner.pop(key, None) for key in ended}
+        cached = {out.request_id: out.num_cached_tokens or 0 for out in finished}
+        orphaned = []
+        for out in finished:
+            key, partner = out.request_id, partners[out.request_id]
+            req = self._live.pop(key)
+            if key in self._unconditional:
+                self._unconditional.discard(key)
+                if partner not in ended:
+                    orphaned.append(partner)  # its conditional member is still running
+                continue  # the conditional member reports the pair
+            aux, desync = streams[key]
+            error = None
+            if partner is not None and partner not in ended:
+                orphaned.append(partner)
+                error = "CFG pair out of step: one member finished without the other"
+            elif partner is not None:
+                desync += streams[partner][1]
+            if desync and error is None:
+                error = f"CFG pair out of step at {desync} step(s): output would be unguided"
+            completion = out.outputs[0]
+            results.append(
+                StreamOutput(
+                    req.tag,
+                    list(completion.token_ids),
+                    aux,
+                    completion.finish_reason,
+                    error=error,
+                    num_cached_tokens=cached[key],
+                    partner_cached_tokens=cached.get(partner, 0),
                 )
+            )
+        for key in orphaned:  # fail the rest of a broken pair loudly, never run it unguided
+            req = self._live.get(key)
+            conditional = key not in self._unconditional
+            self._drop([key])
+            if req is not None and conditional:
+                self._fail(req, "CFG pair out of step: one member finished without the other")
         return results
 
     def has_work(self) -> bool:
@@ -247,12 +317,7 @@ class SpeechEngine:
     def abort(self, tags: Iterable[object]) -> None:
         tags = set(map(id, tags))
         self._queue = deque(r for r in self._queue if id(r.tag) not in tags)
-        keys = [k for k, r in self._live.items() if id(r.tag) in tags]
-        if keys:
-            self._vllm.abort_request(keys)
-            self._rpc("release", keys)
-            for k in keys:
-                self._live.pop(k)
+        self._drop([k for k, r in self._live.items() if id(r.tag) in tags])
 
     def generate_steps(self, requests: Iterable[StreamRequest]) -> Iterator[list[StreamOutput]]:
         """Run requests with continuous batching; yield the outputs finished by each step.
@@ -278,8 +343,13 @@ class SpeechEngine:
             yield from outputs
 
     def stats(self) -> dict[str, int]:
-        """Counters of the stream runtime (live requests, resumptions after preemption)."""
-        return self._rpc("stats")
+        """Counters: live stream slots, resumptions after preemption, CFG pairs out of step."""
+        scheduler = vllm_compat.engine_scheduler(self._vllm)
+        return {**self._rpc("stats"), "pair_violations": getattr(scheduler, "pair_violations", 0)}
+
+    def scheduler_requests(self) -> int:
+        """Requests vLLM's scheduler still holds (0 once everything finished or was aborted)."""
+        return len(vllm_compat.engine_scheduler(self._vllm).requests)
 
     def _rpc(self, method: str, *args):
         # Every worker holds the same stream state (TP ranks sample identically); read rank 0.
@@ -290,6 +360,13 @@ class SpeechEngine:
         if engine is not None:
             self._vllm = None
             del engine
+
+
+def _prompt(prompt_ids: list[int], audio_items: list) -> dict:
+    prompt = {"prompt_token_ids": list(prompt_ids)}
+    if audio_items:
+        prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in audio_items]}
+    return prompt
 
 
 def read_stream_spec(model_dir: Path) -> StreamSpec:

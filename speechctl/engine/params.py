@@ -33,6 +33,34 @@ GREEDY = Sampling(temperature=0.0)
 
 
 @dataclass(frozen=True)
+class Guidance:
+    """Classifier-free guidance: l = l_u + scale * (l_c - l_u) on the guided streams.
+
+    ``top_k`` > 0 adds Dia's "CFG filter": keep the top-k tokens of the guided logits and
+    sample the conditional logits restricted to them.
+    """
+
+    scale: float = 1.0  # 1.0 = off
+    streams: str = "both"  # text | audio | both
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.scale < 0:
+            raise ValueError(f"cfg scale must be >= 0, got {self.scale}")
+        if self.streams not in ("text", "audio", "both"):
+            raise ValueError(f"cfg streams must be text, audio or both, got {self.streams!r}")
+        if self.top_k < 0:
+            raise ValueError(f"cfg top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.scale != 1.0
+
+
+NO_GUIDANCE = Guidance()
+
+
+@dataclass(frozen=True)
 class StreamParams:
     """What the model needs to decode one request's auxiliary streams."""
 
@@ -42,6 +70,12 @@ class StreamParams:
     starts_in_audio: bool = False  # the prompt ends with <|audio_bos|> (TTS)
     allow_audio: bool = True  # the primary stream may open audio (<|audio_bos|>) by itself
     max_frames: int = 1 << 30  # force the end of audio after this many frames
+    min_frames: int = 1  # the audio may not end before this many frames (= max: fixed length)
+    # A CFG pair: both members name each other; the model samples once per pair.
+    partner: str | None = None
+    conditional: bool = True  # False for the unconditional member of a pair
+    guidance: Guidance = field(default_factory=Guidance)
+    text: Sampling = field(default_factory=Sampling)  # paired requests sample text in the model
 
     def to_extra_args(self) -> dict[str, Any]:
         return {EXTRA_ARGS_KEY: asdict(self)}
@@ -52,4 +86,6 @@ class StreamParams:
             raise ValueError("request lacks speechctl stream parameters (extra_args['speechctl'])")
         d = dict(extra_args[EXTRA_ARGS_KEY])
         d["audio"] = Sampling(**d.get("audio", {}))
+        d["text"] = Sampling(**d.get("text", {}))
+        d["guidance"] = Guidance(**d.get("guidance", {}))
         return cls(**d)

@@ -40,6 +40,13 @@ def slot_capacity(max_num_seqs: int) -> int:
 
 
 @dataclass
+class _Pairing:
+    guided: torch.Tensor  # [R] conditional rows of pairs whose partner is in step
+    source: torch.Tensor  # [R] the row whose tokens a row takes (its partner for uncond rows)
+    partner_row: torch.Tensor  # [R] the partner's row (0 where there is none; masked by guided)
+
+
+@dataclass
 class _Step:
     num_rows: int
     row_slots: torch.Tensor  # [R] slot of each row
@@ -65,11 +72,23 @@ class StreamRuntime:
         self.frames = full(-1)  # frames of the current audio once the lead stream ended it
         self.n_gen = full(0)  # generated tokens whose auxiliary tokens are recorded
         self.max_frames = full(NEVER)
+        self.min_frames = full(1)
         self.allow_audio = full(False, torch.bool)
         self.temperature = full(1.0, torch.float32)
         self.top_k = full(0)
         self.top_p = full(1.0, torch.float32)
         self.seed = full(0)
+        # Classifier-free guidance: the partner slot (scratch = none) and the merge settings.
+        self.partner = full(self.scratch)
+        self.conditional = full(True, torch.bool)
+        self.cfg_scale = full(1.0, torch.float32)
+        self.cfg_text = full(False, torch.bool)
+        self.cfg_audio = full(False, torch.bool)
+        self.cfg_top_k = full(0)
+        self.text_temperature = full(0.0, torch.float32)
+        self.text_top_k = full(0)
+        self.text_top_p = full(1.0, torch.float32)
+        self.desync = full(0)  # steps where a paired row had no partner at its position
         # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
         self.gen_aux = torch.full((n, max_len + 1, K), self.pattern.pad, dtype=torch.int32, device=device)
 
@@ -83,6 +102,9 @@ class StreamRuntime:
         self.resumed = 0  # requests that came back after preemption (kept their slot)
         self.num_random = 0  # live slots with audio temperature > 0
         self.num_filtered = 0  # live slots with top-k / top-p on audio
+        self.num_paired = 0  # live slots that belong to a CFG pair
+        self.num_cfg_filter = 0  # live pairs using Dia's CFG top-k filter
+        self.num_text_random = 0  # live paired slots sampling text with temperature > 0
 
         d = torch.tensor(self.pattern.delays, dtype=torch.int64, device=device)
         self._delays = d[None, :]  # [1, K]
@@ -115,6 +137,7 @@ class StreamRuntime:
         self.row_slots[: update.batch_size].copy_(torch.from_numpy(rows[: update.batch_size]), non_blocking=True)
         if claimed:
             self._init_slots(claimed)
+            self._link_partners([p for _, _, p in claimed if p.partner is not None])
 
     def _claim(self, params: StreamParams) -> int:
         if not self._free:
@@ -124,9 +147,24 @@ class StreamRuntime:
         slot = self._free.pop()
         self.slots[params.key] = slot
         self._params[slot] = params
-        self.num_random += params.audio.temperature > 0
-        self.num_filtered += params.audio.filters
+        self._count(params, +1)
         return slot
+
+    def _count(self, params: StreamParams, sign: int) -> None:
+        self.num_random += sign * (params.audio.temperature > 0)
+        self.num_filtered += sign * params.audio.filters
+        if params.partner is not None:
+            self.num_paired += sign
+            self.num_cfg_filter += sign * (params.guidance.top_k > 0)
+            self.num_text_random += sign * (params.text.temperature > 0)
+
+    def _link_partners(self, members: list[StreamParams]) -> None:
+        """Point both members of a pair at each other once both hold slots."""
+        pairs = [(self.slots[p.key], self.slots[p.partner]) for p in members if p.partner in self.slots]
+        if pairs:
+            a, b = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in zip(*pairs))
+            self.partner.index_copy_(0, a, b)
+            self.partner.index_copy_(0, b, a)
 
     def _init_slots(self, claimed: list[tuple[int, int, StreamParams]]) -> None:
         idx = torch.tensor([c[0] for c in claimed], dtype=torch.int64)
@@ -139,14 +177,25 @@ class StreamRuntime:
         put(self.frames, [-1] * len(claimed))
         put(self.n_gen, [0] * len(claimed))
         put(self.max_frames, [p.max_frames for _, _, p in claimed])
+        put(self.min_frames, [p.min_frames for _, _, p in claimed])
         put(self.allow_audio, [p.allow_audio for _, _, p in claimed], torch.bool)
         put(self.temperature, [p.audio.temperature for _, _, p in claimed], torch.float32)
         put(self.top_k, [p.audio.top_k for _, _, p in claimed])
         put(self.top_p, [p.audio.top_p for _, _, p in claimed], torch.float32)
         put(self.seed, [p.seed & 0x7FFFFFFFFFFFFFFF for _, _, p in claimed])
+        put(self.partner, [self.scratch] * len(claimed))
+        put(self.conditional, [p.conditional for _, _, p in claimed], torch.bool)
+        put(self.cfg_scale, [p.guidance.scale for _, _, p in claimed], torch.float32)
+        put(self.cfg_text, [p.guidance.streams in ("text", "both") for _, _, p in claimed], torch.bool)
+        put(self.cfg_audio, [p.guidance.streams in ("audio", "both") for _, _, p in claimed], torch.bool)
+        put(self.cfg_top_k, [p.guidance.top_k for _, _, p in claimed])
+        put(self.text_temperature, [p.text.temperature for _, _, p in claimed], torch.float32)
+        put(self.text_top_k, [p.text.top_k for _, _, p in claimed])
+        put(self.text_top_p, [p.text.top_p for _, _, p in claimed], torch.float32)
+        put(self.desync, [0] * len(claimed))
 
     def stats(self) -> dict[str, int]:
-        return {"live": len(self.slots), "resumed": self.resumed}
+        return {"live": len(self.slots), "resumed": self.resumed, "paired": self.num_paired}
 
     def release(self, keys) -> None:
         """Free the slots of finished or aborted requests (called by the driver)."""
@@ -154,9 +203,7 @@ class StreamRuntime:
             slot = self.slots.pop(key, None)
             if slot is None:
                 continue
-            params = self._params.pop(slot)
-            self.num_random -= params.audio.temperature > 0
-            self.num_filtered -= params.audio.filters
+            self._count(self._params.pop(slot), -1)
             self._free.append(slot)
 
     # -- phase 2: inputs ----------------------------------------------------------------------
@@ -225,10 +272,14 @@ class StreamRuntime:
         cap = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= self.max_frames[slots][:, None])
         forced = torch.where(cap, pat.eos, forced)
         forced = torch.where(in_audio, forced, pat.pad)  # text positions carry PAD
-        eos_ok = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= 1)
+        eos_ok = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= self.min_frames[slots][:, None])
+
+        aux_logits = aux_logits.float()
+        pairing = self._pairing(slots, g_next, real) if self.num_paired else None
+        if pairing is not None:
+            logits, aux_logits = self._guide(pairing, slots, logits, aux_logits)
 
         # Free choices are codes; the lead stream may also end the audio (EOS).
-        aux_logits = aux_logits.float()
         special = torch.full(aux_logits.shape[:2] + (3,), float("-inf"), device=aux_logits.device)
         special[..., pat.eos - pat.codebook_size] = torch.where(eos_ok, 0.0, float("-inf"))
         aux_logits[..., pat.codebook_size :] += special
@@ -242,6 +293,8 @@ class StreamRuntime:
             any_random=self.num_random > 0,
             any_filter=self.num_filtered > 0,
         )
+        if pairing is not None:
+            tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
         tokens = torch.where(forced >= 0, forced, tokens)
 
         # Record the rows whose sample is real.
@@ -265,18 +318,82 @@ class StreamRuntime:
         logits[:, spec.audio_eos_id] = torch.where(text, neg, logits[:, spec.audio_eos_id])
         ban_open = text & ~self.allow_audio[slots]
         logits[:, spec.audio_bos_id] = torch.where(ban_open, neg, logits[:, spec.audio_bos_id])
+        if pairing is not None:
+            logits = self._pair_primary(pairing, slots, g_next, logits)
         return logits
+
+    # -- classifier-free guidance ---------------------------------------------------------------
+
+    def _pairing(self, slots: torch.Tensor, g_next: torch.Tensor, real: torch.Tensor) -> "_Pairing":
+        """Find each paired row's partner row in this step. A paired row whose partner is absent
+        or at another position is counted in ``desync`` (the driver fails that request)."""
+        R = slots.shape[0]
+        rows = torch.arange(R, device=slots.device)
+        row_of_slot = torch.full_like(self.partner, -1)
+        row_of_slot[slots] = rows
+        row_of_slot[self.scratch] = -1
+        paired = self.partner[slots] != self.scratch
+        partner_row = row_of_slot[self.partner[slots]]
+        present = partner_row >= 0
+        partner_row = partner_row.clamp(min=0)
+        synced = paired & present & (g_next[partner_row] == g_next)
+        broken = paired & real & ~synced
+        self.desync.index_put_((torch.where(broken, slots, self.scratch),), torch.ones_like(slots), accumulate=True)
+        guided = synced & self.conditional[slots]  # rows that hold a pair's merged logits
+        source = torch.where(synced & ~self.conditional[slots], partner_row, rows)
+        return _Pairing(guided, source, partner_row)
+
+    def _guide(self, pairing: "_Pairing", slots, logits, aux_logits):
+        """l = l_u + s * (l_c - l_u) on the conditional rows of pairs, per guided stream, with
+        Dia's optional filter (top-k of the guided logits, applied to the conditional ones)."""
+        scale = self.cfg_scale[slots]
+        top_k = self.cfg_top_k[slots]
+        out = []
+        for ls, on in ((logits, self.cfg_text[slots]), (aux_logits, self.cfg_audio[slots])):
+            cond = ls.float()
+            uncond = cond[pairing.partner_row]
+            shape = (-1,) + (1,) * (cond.dim() - 1)
+            merged = uncond + scale.view(shape) * (cond - uncond)
+            if self.num_cfg_filter:
+                filtered = (top_k > 0).view(shape)
+                k = torch.where(top_k > 0, top_k, 1).view(shape).expand(merged.shape[:-1] + (1,))
+                kth = merged.sort(dim=-1, descending=True).values.gather(-1, k - 1)
+                kept = torch.where(merged >= kth, cond, float("-inf"))
+                merged = torch.where(filtered, kept, merged)
+            use = (pairing.guided & on).view(shape)
+            out.append(torch.where(use, merged, cond).to(ls.dtype))
+        return out[0], out[1]
+
+    def _pair_primary(self, pairing: "_Pairing", slots, g_next, logits):
+        """Both members of a pair take one primary token, sampled here from the conditional row's
+        (guided, rule-constrained) logits; vLLM receives it as a one-hot row for both."""
+        choice = sample_streams(
+            logits.float()[:, None, :],
+            self.text_temperature[slots],
+            self.text_top_k[slots],
+            self.text_top_p[slots],
+            self.seed[slots] ^ 0x5DEECE66D,  # text draws independent of the audio draws
+            g_next,
+            any_random=self.num_text_random > 0,
+            any_filter=self.num_text_random > 0,
+        )[:, 0]
+        choice = choice[pairing.source]
+        paired = pairing.guided | (pairing.source != torch.arange(len(slots), device=slots.device))
+        onehot = torch.full_like(logits, torch.finfo(logits.dtype).min).scatter_(1, choice[:, None], 0.0)
+        return torch.where(paired[:, None], onehot, logits)
 
     # -- driver access ------------------------------------------------------------------------
 
-    def collect(self, requests: list[tuple[str, int]]) -> list[np.ndarray]:
-        """[(key, num generated tokens)] -> the [n, K] auxiliary tokens of each, in one copy."""
+    def collect(self, requests: list[tuple[str, int]]) -> list[tuple[np.ndarray, int]]:
+        """[(key, num generated tokens)] -> ([n, K] auxiliary tokens, desync steps) of each,
+        in one copy."""
         if not requests:
             return []
         slots = torch.tensor([self.slots[k] for k, _ in requests], device=self.device)
         n = max(length for _, length in requests)
         block = self.gen_aux[slots, :n].cpu().numpy()
-        return [block[i, :length] for i, (_, length) in enumerate(requests)]
+        desync = self.desync[slots].cpu().numpy()
+        return [(block[i, :length], int(desync[i])) for i, (_, length) in enumerate(requests)]
 
 
 class StreamTracker(LogitsProcessor):

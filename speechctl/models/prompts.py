@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from speechctl.engine.engine import StreamOutput, StreamRequest
-from speechctl.engine.params import GREEDY, Sampling
+from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import EngineError
 
@@ -39,6 +39,8 @@ class MultiStreamPrompts:
         audio_sampling: Sampling = GREEDY,
         seed: int | None = None,
         max_frames: int = 1000,
+        min_frames: int = 1,
+        guidance: Guidance = NO_GUIDANCE,
         tag: object = None,
     ) -> StreamRequest:
         s = self.spec
@@ -49,6 +51,8 @@ class MultiStreamPrompts:
             items.append(voice_codes)
         ids += self._text_ids(text) + [s.audio_bos_id]
         return StreamRequest(
+            guidance=guidance,
+            uncond_prompt_ids=self.unconditional(ids, items) if guidance.enabled else None,
             prompt_ids=ids,
             audio_items=items,
             max_tokens=max_frames + s.pattern.max_delay + 2,
@@ -58,8 +62,17 @@ class MultiStreamPrompts:
             stop_token_ids=[s.audio_eos_id],
             starts_in_audio=True,
             max_frames=max_frames,
+            min_frames=min_frames,
             tag=tag,
         )
+
+    def unconditional(self, prompt_ids: list[int], audio_items: list[np.ndarray]) -> list[int]:
+        """The CFG partner of a prompt: the condition (text, voice) dropped to PAD, same length
+        once audio items are expanded, ending like the prompt (so both continue in the same
+        mode). Equal-length unconditional prompts are identical, so they share cached KV."""
+        steps = sum(self.spec.pattern.num_steps(np.shape(c)[1]) for c in audio_items)
+        length = len(prompt_ids) - len(audio_items) + steps
+        return [self.spec.pad_id] * (length - 1) + [prompt_ids[-1]]
 
     def asr(
         self,
