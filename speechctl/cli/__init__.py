@@ -12,6 +12,7 @@ COMMANDS = {
     "asr": ("speechctl.cli.asr", "Transcribe audio files."),
     "batch": ("speechctl.cli.batch", "Run a JSONL manifest of TTS/ASR items with continuous batching."),
     "models": ("speechctl.cli.models", "List models, or describe one."),
+    "bench": ("speechctl.cli.bench", "Measure throughput ratios (CFG vs no CFG)."),
 }
 
 

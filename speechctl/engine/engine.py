@@ -49,6 +49,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     max_audio_items: int = 4  # audio items per prompt
     load_progress: bool = False  # vLLM's progress bar while loading weights
+    load_format: str = "auto"  # "dummy": random weights without reading any (benchmarks)
 
     def engine_args(self, model: str) -> dict:
         on_gpu = _has_cuda()
@@ -65,6 +66,7 @@ class EngineConfig:
             tensor_parallel_size=self.tensor_parallel_size,
             limit_mm_per_prompt={"audio": self.max_audio_items},
             use_tqdm_on_load=self.load_progress,
+            load_format=self.load_format,
             # CFG pairs need a scheduler that keeps them in lock-step; without pairs it is
             # vLLM's own (async on GPU, where vLLM defaults to async scheduling).
             async_scheduling=on_gpu,

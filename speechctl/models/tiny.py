@@ -59,9 +59,11 @@ class MultiStreamRecipe:
     num_codebooks: int = 4
     codebook_size: int = 64
     delays: tuple[int, ...] | None = None  # default: stream k waits k steps
+    vocab_size: int | None = None  # text vocabulary; default: the byte tokenizer's 264 ids
     init_std: float = 0.15
     seed: int = 0
     dtype: str = "float32"
+    weights: bool = True  # False: config, tokenizer and codec only (vLLM's load_format="dummy")
     # transformers DacConfig fields of the codec; codebooks come from the fields above.
     codec: dict = field(
         default_factory=lambda: dict(
@@ -116,33 +118,19 @@ def _backbone_model(config):
 def create_multistream_checkpoint(path: str | os.PathLike, recipe: MultiStreamRecipe) -> Path:
     """Write a complete checkpoint directory (config, weights, tokenizer, codec) to ``path``."""
     import transformers
-    from safetensors.torch import save_file
 
     from speechctl.models.tokenizer import byte_tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    vocab_size = 256 + len(SPECIAL_TOKENS)
+    vocab_size = max(recipe.vocab_size or 0, 256 + len(SPECIAL_TOKENS))
     spec = byte_stream_spec(recipe.stream_delays, recipe.codebook_size)
     config = _backbone_config(recipe, vocab_size)
     config.architectures = [ARCHITECTURE]
     config.speechctl = {**spec.to_dict(), "family": "multistream", "codec": "codec"}
     config.dtype = recipe.dtype
-
-    gen = torch.Generator().manual_seed(recipe.seed)
-    torch.manual_seed(recipe.seed)
-    backbone = _backbone_model(config)
-    tensors = {}
-    for name, p in backbone.state_dict().items():
-        if p.dim() >= 2:  # matrices random; norms keep their ones
-            p = torch.randn(p.shape, generator=gen) * recipe.init_std
-        tensors[f"model.{name}"] = p.contiguous()
-    H, K, Va = recipe.hidden_size, recipe.num_codebooks, spec.pattern.vocab_size
-    tensors["lm_head.weight"] = torch.randn(vocab_size, H, generator=gen) * recipe.init_std
-    tensors["audio_embed.weight"] = torch.randn(K * Va, H, generator=gen) * recipe.init_std
-    tensors["audio_head.weight"] = torch.randn(K * Va, H, generator=gen) * recipe.init_std
-    dtype = getattr(torch, recipe.dtype)
-    save_file({k: v.to(dtype) for k, v in tensors.items()}, str(path / "model.safetensors"))
+    if recipe.weights:
+        _write_weights(path, recipe, config, spec)
     config.save_pretrained(path)
 
     tok = byte_tokenizer(SPECIAL_TOKENS)
@@ -157,6 +145,25 @@ def create_multistream_checkpoint(path: str | os.PathLike, recipe: MultiStreamRe
     codec.save_pretrained(path / "codec")
     (path / "speechctl.json").write_text(json.dumps({"recipe": repr(recipe)}, indent=2))
     return path
+
+
+def _write_weights(path: Path, recipe: MultiStreamRecipe, config, spec: StreamSpec) -> None:
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(recipe.seed)
+    torch.manual_seed(recipe.seed)
+    backbone = _backbone_model(config)
+    tensors = {}
+    for name, p in backbone.state_dict().items():
+        if p.dim() >= 2:  # matrices random; norms keep their ones
+            p = torch.randn(p.shape, generator=gen) * recipe.init_std
+        tensors[f"model.{name}"] = p.contiguous()
+    H, K, Va = recipe.hidden_size, recipe.num_codebooks, spec.pattern.vocab_size
+    tensors["lm_head.weight"] = torch.randn(config.vocab_size, H, generator=gen) * recipe.init_std
+    tensors["audio_embed.weight"] = torch.randn(K * Va, H, generator=gen) * recipe.init_std
+    tensors["audio_head.weight"] = torch.randn(K * Va, H, generator=gen) * recipe.init_std
+    dtype = getattr(torch, recipe.dtype)
+    save_file({k: v.to(dtype) for k, v in tensors.items()}, str(path / "model.safetensors"))
 
 
 def cache_dir() -> Path:

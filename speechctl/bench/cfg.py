@@ -1,0 +1,138 @@
+"""CFG throughput: the same TTS workload with and without classifier-free guidance, at several
+concurrencies, in one engine and one run. Lengths are fixed (every request makes exactly
+``frames`` audio frames), so both modes do the same decoding work per request; a CFG request
+runs as a pair, so it decodes two sequences."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from speechctl.bench.shapes import SHAPES, describe
+from speechctl.engine.params import Guidance, Sampling
+from speechctl.errors import EngineError
+
+AUDIO_SAMPLING = Sampling(temperature=0.9, top_k=50)
+
+
+def run_cfg_bench(
+    shape: str = "tiny",
+    concurrencies=(1, 4),
+    frames: int = 64,
+    repeats: int = 3,
+    scale: float = 3.0,
+    engine_overrides: dict | None = None,
+    log=print,
+) -> dict:
+    from speechctl.engine.engine import EngineConfig, SpeechEngine
+    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.tiny import create_multistream_checkpoint
+
+    recipe = SHAPES[shape]
+    top = max(concurrencies)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = create_multistream_checkpoint(Path(tmp) / shape, recipe)
+        config = EngineConfig(
+            max_num_seqs=2 * top,
+            max_model_len=frames + 96,
+            dtype=recipe.dtype,
+            load_format="auto" if recipe.weights else "dummy",
+            **(engine_overrides or {}),
+        )
+        started = time.perf_counter()
+        engine = SpeechEngine(path, config)
+        startup = time.perf_counter() - started
+        prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+
+        def workload(count: int, guided: bool):
+            guidance = Guidance(scale=scale) if guided else Guidance()
+            return [
+                prompts.tts(
+                    f"Sentence number {i} for the benchmark.",
+                    audio_sampling=AUDIO_SAMPLING,
+                    seed=i,
+                    max_frames=frames,
+                    min_frames=frames,
+                    guidance=guidance,
+                    tag=i,
+                )
+                for i in range(count)
+            ]
+
+        def timed(count: int, guided: bool) -> float:
+            reqs = workload(count, guided)
+            start = time.perf_counter()
+            outs = list(engine.generate(reqs))
+            elapsed = time.perf_counter() - start
+            for out in outs:  # the run did the work it is named after
+                if out.error:
+                    raise EngineError(f"benchmark request failed: {out.error}")
+                (codes,) = prompts.audio_segments(out, starts_in_audio=True)
+                if codes.shape[1] != frames:
+                    raise EngineError(f"expected {frames} frames, got {codes.shape[1]}")
+            return elapsed
+
+        for guided in (False, True):  # warm-up: compile paths, allocator, caches
+            timed(min(top, 4), guided)
+        rows = []
+        for count in concurrencies:
+            row = {"concurrency": count, "frames": frames}
+            for mode, guided in (("plain", False), ("cfg", True)):
+                times = [timed(count, guided) for _ in range(repeats)]
+                seconds = statistics.median(times)
+                row[f"{mode}_seconds"] = round(seconds, 4)
+                row[f"{mode}_frames_per_s"] = round(count * frames / seconds, 1)
+            row["cfg_ratio"] = round(row["cfg_frames_per_s"] / row["plain_frames_per_s"], 3)
+            log(
+                f"c={count:4d}  plain {row['plain_frames_per_s']:10.1f} frames/s  "
+                f"cfg {row['cfg_frames_per_s']:10.1f} frames/s  ratio {row['cfg_ratio']:.3f}"
+            )
+            rows.append(row)
+        stats = engine.stats()
+        engine.shutdown()
+    return {
+        "benchmark": "cfg",
+        "model": describe(shape),
+        "cfg_scale": scale,
+        "repeats": repeats,
+        "engine_startup_s": round(startup, 1),
+        "pair_violations": stats["pair_violations"],
+        "environment": _environment(),
+        "results": rows,
+    }
+
+
+def _environment() -> dict:
+    import torch
+    import vllm
+
+    env = {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    env["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    return env
+
+
+def plot_cfg(result: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["results"]
+    c = [r["concurrency"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(c, [r["plain_frames_per_s"] for r in rows], "o-", label="no CFG")
+    left.plot(c, [r["cfg_frames_per_s"] for r in rows], "s-", label=f"CFG (scale {result['cfg_scale']})")
+    left.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="audio frames / s")
+    left.legend()
+    right.plot(c, [r["cfg_ratio"] for r in rows], "o-")
+    right.axhline(0.9, ls="--", c="g", label="goal 0.90")
+    right.axhline(0.8, ls=":", c="r", label="paper 0.80")
+    right.set(xscale="log", ylim=(0, 1.1), xlabel="concurrent requests (pairs)", ylabel="CFG / no-CFG throughput")
+    right.legend()
+    m, env = result["model"], result["environment"]
+    fig.suptitle(f"{m['shape']} ({m['layers']}L, {m['hidden']}h, {m['codebooks']} codebooks), {env['device']}, vLLM {env['vllm']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
