@@ -77,3 +77,21 @@ def test_rows_with_different_settings_in_one_batch():
     )
     np.testing.assert_array_equal(tokens[0], logits[0].argmax(-1))  # greedy row
     np.testing.assert_array_equal(tokens[1], logits[1].argmax(-1))  # top-1 row
+
+
+def test_top_k_candidates_sample_like_the_full_vocabulary():
+    """Sampling among the top-k candidates (one ``topk``) draws exactly what the full sort draws:
+    the noise is keyed by token id."""
+    torch.manual_seed(1)
+    R, K, V = 64, 3, 200
+    logits = torch.randn(R, K, V) * 3
+    args = (
+        torch.full((R,), 0.8),
+        torch.randint(1, 40, (R,)),
+        torch.rand(R) * 0.5 + 0.5,
+        torch.arange(R, dtype=torch.int64) * 7919,
+        torch.arange(R, dtype=torch.int64),
+    )
+    full = sample_streams(logits, *args, max_top_k=0)
+    candidates = sample_streams(logits, *args, max_top_k=40)
+    np.testing.assert_array_equal(full, candidates)

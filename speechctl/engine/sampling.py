@@ -1,8 +1,9 @@
 """Sampling of the auxiliary (audio) streams on the model's device, batched over rows and streams.
 
-Randomness comes from a counter-based hash of (seed, step, stream, token), so a request draws
+Randomness comes from a counter-based hash of (seed, step, stream, token id), so a request draws
 the same tokens whatever else is in the batch, on any device, with no per-request generator
-objects and no host sync.
+objects and no host sync. Because the noise is keyed by token id, sampling among a top-k
+candidate set gives exactly what sampling over the whole vocabulary with the same filter gives.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab: int) -> torch.Tensor:
-    """[R, K, V] float32 Gumbel noise keyed by (seed[R], step[R], stream, token)."""
-    device = seed.device
-    k = torch.arange(num_streams, device=device, dtype=torch.int64)
-    v = torch.arange(vocab, device=device, dtype=torch.int64)
+def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise for ``token_ids`` [R, K, N] keyed by (seed[R], step[R], stream, token id)."""
+    k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64)
     base = _hash32(seed[:, None] ^ _hash32(step[:, None] * 0x9E3779B1 + (seed[:, None] >> 32)))
     base = _hash32(base + k[None, :] * 0x85EBCA6B)  # [R, K]
-    bits = _hash32(base[:, :, None] + v[None, None, :] * 0xC2B2AE35)  # [R, K, V]
+    bits = _hash32(base[:, :, None] + token_ids * 0xC2B2AE35)
     u = ((bits >> 8).to(torch.float32) + 0.5) / 16777216.0  # 24 bits: exact in float32
     return -torch.log(-torch.log(u))
+
+
+def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab: int) -> torch.Tensor:
+    """[R, K, V] noise for every token of the vocabulary."""
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64).expand(seed.shape[0], num_streams, vocab)
+    return gumbel_at(seed, step, ids)
 
 
 def sample_streams(
@@ -42,31 +47,38 @@ def sample_streams(
     *,
     any_random: bool = True,
     any_filter: bool = True,
+    max_top_k: int = 0,
 ) -> torch.Tensor:
     """Sample one token per (row, stream).
 
     logits: [R, K, V] float32, already masked (-inf) where a token is not allowed.
     temperature, top_p: [R] float32 (temperature 0 = greedy; top_p 1 = off); top_k: [R] int64
-    (0 = off); seed, step: [R] int64. ``any_random``/``any_filter`` let the caller skip work it
-    knows no row needs (decided on the host from request settings, never by a device sync).
-    Returns [R, K] int64.
+    (0 = off); seed, step: [R] int64. The keyword flags let the caller skip work it knows no row
+    needs (decided on the host from request settings, never by a device sync): ``any_random``
+    (some temperature > 0), ``any_filter`` (some top-k/top-p), ``max_top_k`` (> 0 when every
+    filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
+    full sort). Returns [R, K] int64.
     """
     greedy = logits.argmax(dim=-1)
     if not any_random:
         return greedy
-    R, K, V = logits.shape
-    temp = temperature.clamp(min=1e-5)[:, None, None]
-    scaled = logits / temp
-    if any_filter:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        rank = torch.arange(V, device=logits.device)[None, None, :]
-        k = torch.where(top_k > 0, top_k, V)[:, None, None]
-        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-        probs = sorted_logits.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass strictly above this token
-        drop = (before >= top_p[:, None, None]) & (rank > 0)
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
-    noise = gumbel_noise(seed, step, K, V)
-    sampled = (scaled + noise).argmax(dim=-1)
+    V = logits.shape[-1]
+    scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
+    if not any_filter:
+        ids = torch.arange(V, device=logits.device).expand(scaled.shape)
+        sampled = (scaled + gumbel_at(seed, step, ids)).argmax(dim=-1)
+        return torch.where(temperature[:, None] > 0, sampled, greedy)
+    n = min(max_top_k, V) if max_top_k > 0 else V
+    if n < V:
+        cand, ids = scaled.topk(n, dim=-1)  # sorted, descending
+    else:
+        cand, ids = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(n, device=logits.device)
+    k = torch.where(top_k > 0, top_k, V)[:, None, None]
+    cand = cand.masked_fill(rank >= k, float("-inf"))
+    probs = cand.softmax(dim=-1)
+    above = probs.cumsum(dim=-1) - probs  # mass strictly above this token
+    cand = cand.masked_fill((above >= top_p[:, None, None]) & (rank > 0), float("-inf"))
+    pick = (cand + gumbel_at(seed, step, ids)).argmax(dim=-1, keepdim=True)
+    sampled = ids.gather(-1, pick)[..., 0]
     return torch.where(temperature[:, None] > 0, sampled, greedy)

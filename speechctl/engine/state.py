@@ -21,6 +21,8 @@ when requests join the batch.
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,12 @@ from speechctl.engine.sampling import sample_streams
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
+
+
+def _compile(device: torch.device) -> bool:
+    """torch.compile the per-step work on CUDA (SPEECHCTL_COMPILE=0/1 overrides)."""
+    setting = os.environ.get("SPEECHCTL_COMPILE")
+    return setting == "1" if setting in ("0", "1") else device.type == "cuda"
 
 
 def slot_capacity(max_num_seqs: int) -> int:
@@ -88,7 +96,7 @@ class StreamRuntime:
         self.text_temperature = full(0.0, torch.float32)
         self.text_top_k = full(0)
         self.text_top_p = full(1.0, torch.float32)
-        self.desync = full(0)  # steps where a paired row had no partner at its position
+        self.desync = full(0)  # 1 once a paired row had no partner at its position
         # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
         self.gen_aux = torch.full((n, max_len + 1, K), self.pattern.pad, dtype=torch.int32, device=device)
 
@@ -105,6 +113,11 @@ class StreamRuntime:
         self.num_paired = 0  # live slots that belong to a CFG pair
         self.num_cfg_filter = 0  # live pairs using Dia's CFG top-k filter
         self.num_text_random = 0  # live paired slots sampling text with temperature > 0
+        self._filter_top_ks: Counter[int] = Counter()  # audio top-k of live filtering slots
+
+        if _compile(device):  # fuse the per-step elementwise work: kernel launches dominate it
+            self._input_step = torch.compile(self._input_step, dynamic=True)
+            self._sample_step = torch.compile(self._sample_step, dynamic=True)
 
         d = torch.tensor(self.pattern.delays, dtype=torch.int64, device=device)
         self._delays = d[None, :]  # [1, K]
@@ -153,6 +166,8 @@ class StreamRuntime:
     def _count(self, params: StreamParams, sign: int) -> None:
         self.num_random += sign * (params.audio.temperature > 0)
         self.num_filtered += sign * params.audio.filters
+        if params.audio.filters:
+            self._filter_top_ks[params.audio.top_k] += sign
         if params.partner is not None:
             self.num_paired += sign
             self.num_cfg_filter += sign * (params.guidance.top_k > 0)
@@ -194,6 +209,12 @@ class StreamRuntime:
         put(self.text_top_p, [p.text.top_p for _, _, p in claimed], torch.float32)
         put(self.desync, [0] * len(claimed))
 
+    def _max_top_k(self) -> int:
+        """The largest audio top-k among live filtering slots; 0 if one filters by top-p alone
+        (then candidates need a full sort)."""
+        ks = [k for k, n in self._filter_top_ks.items() if n > 0]
+        return 0 if not ks or 0 in ks else max(ks)
+
     def stats(self) -> dict[str, int]:
         return {"live": len(self.slots), "resumed": self.resumed, "paired": self.num_paired}
 
@@ -208,6 +229,7 @@ class StreamRuntime:
 
     # -- phase 2: inputs ----------------------------------------------------------------------
 
+    @torch.profiler.record_function("speechctl.input_streams")
     def input_streams(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[n] scheduled primary ids -> [n, K] auxiliary ids of the same positions.
 
@@ -221,8 +243,14 @@ class StreamRuntime:
             self._step = None
             return torch.full((n, K), self.pattern.pad, dtype=torch.int64, device=input_ids.device)
         R = self.view.num_reqs()
-        qsl = self.view.query_start_loc(R).to(torch.int64)
-        pos = self.view.positions(n)
+        aux, last_pos = self._input_step(input_ids, self.view.query_start_loc(R), self.view.positions(n), R)
+        self._step = _Step(R, self.row_slots[:R], last_pos)
+        return aux
+
+    def _input_step(self, input_ids, qsl, pos, R: int):
+        """The per-step input work as one function of tensors (compiled on CUDA)."""
+        n = input_ids.shape[0]
+        qsl = qsl.to(torch.int64)
         row_slots = self.row_slots[:R]
         tok_slot = torch.repeat_interleave(row_slots, qsl[1:] - qsl[:-1], output_size=n)
         g = pos - self.prompt_len[tok_slot]
@@ -236,12 +264,11 @@ class StreamRuntime:
         self.frames.index_put_((opens,), torch.full_like(g, -1))
         closes = torch.where(newest & (input_ids == self.spec.audio_eos_id), tok_slot, self.scratch)
         self.audio_start.index_put_((closes,), torch.full_like(g, NEVER))
-
-        self._step = _Step(R, row_slots, pos[qsl[1:] - 1])
-        return aux
+        return aux, pos[qsl[1:] - 1]
 
     # -- phase 3: sampling --------------------------------------------------------------------
 
+    @torch.profiler.record_function("speechctl.sample")
     def sample(self, logits: torch.Tensor, aux_logits: torch.Tensor) -> torch.Tensor:
         """Sample the auxiliary streams; return the primary logits with the stream rules applied.
 
@@ -255,9 +282,14 @@ class StreamRuntime:
             raise RuntimeError(
                 f"speechctl: {logits.shape[0]} logit rows for {step.num_rows} scheduled requests"
             )
+        flags = (self.num_random > 0, self.num_filtered > 0, self._max_top_k(), self.num_paired > 0)
+        return self._sample_step(logits, aux_logits, step.row_slots, step.last_pos, *flags)
+
+    def _sample_step(self, logits, aux_logits, slots, last_pos, any_random, any_filter, max_top_k, paired):
+        """The per-step sampling work as one function of tensors (host facts as arguments), so
+        that on CUDA it compiles into a few fused kernels."""
         pat, spec = self.pattern, self.spec
-        slots = step.row_slots
-        g_next = step.last_pos + 1 - self.prompt_len[slots]  # generated index being sampled
+        g_next = last_pos + 1 - self.prompt_len[slots]  # generated index being sampled
         real = (g_next >= 0) & (g_next == self.n_gen[slots])  # not a partial prefill or replay
         a = g_next - self.audio_start[slots]  # audio step
         in_audio = (a >= 0)[:, None]
@@ -275,7 +307,7 @@ class StreamRuntime:
         eos_ok = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= self.min_frames[slots][:, None])
 
         aux_logits = aux_logits.float()
-        pairing = self._pairing(slots, g_next, real) if self.num_paired else None
+        pairing = self._pairing(slots, g_next, real) if paired else None
         if pairing is not None:
             logits, aux_logits = self._guide(pairing, slots, logits, aux_logits)
 
@@ -290,8 +322,9 @@ class StreamRuntime:
             self.top_p[slots],
             self.seed[slots],
             g_next,
-            any_random=self.num_random > 0,
-            any_filter=self.num_filtered > 0,
+            any_random=any_random,
+            any_filter=any_filter,
+            max_top_k=max_top_k,
         )
         if pairing is not None:
             tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
@@ -338,7 +371,7 @@ class StreamRuntime:
         partner_row = partner_row.clamp(min=0)
         synced = paired & present & (g_next[partner_row] == g_next)
         broken = paired & real & ~synced
-        self.desync.index_put_((torch.where(broken, slots, self.scratch),), torch.ones_like(slots), accumulate=True)
+        self.desync.index_put_((torch.where(broken, slots, self.scratch),), torch.ones_like(slots))
         guided = synced & self.conditional[slots]  # rows that hold a pair's merged logits
         source = torch.where(synced & ~self.conditional[slots], partner_row, rows)
         return _Pairing(guided, source, partner_row)

@@ -246,8 +246,11 @@ class PairScheduling:
     def schedule(self, *args, **kwargs):
         if not self._pair_of:
             return super().schedule(*args, **kwargs)
-        self._forget_finished_pairs()
-        self._order_pairs()
+        import torch
+
+        with torch.profiler.record_function("speechctl.pair_bookkeeping"):
+            self._forget_finished_pairs()
+            self._order_pairs()
         self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set()}
         try:
             output = super().schedule(*args, **kwargs)
