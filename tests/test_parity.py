@@ -223,3 +223,14 @@ def test_generated_blocks_stay_out_of_the_prefix_cache(tiny_checkpoint):
     (again,) = engine.generate([replay])
     assert again.num_cached_tokens == 64  # the prompt's two full blocks, nothing generated
     engine.shutdown()
+
+
+def test_compiled_step_equals_reference(tiny_checkpoint, reference, monkeypatch):
+    """The per-step work compiled with torch.compile (SPEECHCTL_COMPILE=1) computes the same."""
+    monkeypatch.setenv("SPEECHCTL_COMPILE", "1")
+    engine = make_engine(tiny_checkpoint)
+    engine.name = "compiled"
+    reqs = mixed_requests(engine, np.random.default_rng(2))[::2]
+    outs = {o.tag: o for o in engine.generate(reqs)}
+    assert_matches(reference, engine, reqs, outs)
+    engine.shutdown()

@@ -75,10 +75,10 @@ def run_cfg_bench(
                     raise EngineError(f"expected {frames} frames, got {codes.shape[1]}")
             return elapsed
 
-        for guided in (False, True):  # warm-up: compile paths, allocator, caches
-            timed(min(top, 4), guided)
         rows = []
         for count in concurrencies:
+            for guided in (False, True):  # warm-up at this batch size: compiles, allocator, caches
+                timed(count, guided)
             row = {"concurrency": count, "frames": frames}
             for mode, guided in (("plain", False), ("cfg", True)):
                 times = [timed(count, guided) for _ in range(repeats)]

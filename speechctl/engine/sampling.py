@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import torch
 
-_MASK32 = 0xFFFFFFFF
+# 31-bit values and constants: every constant fits int32 (compiled Triton kernels type literals
+# as int32) and every product of two fits int64.
+_MASK31 = 0x7FFFFFFF
 
 
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 (Wellons) on int64 tensors holding 32-bit values; products wrap, low bits stay."""
-    x = x & _MASK32
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
-    x = ((x ^ (x >> 15)) * 0x846CA68B) & _MASK32
+def _hash31(x: torch.Tensor) -> torch.Tensor:
+    """A lowbias32-style integer hash on int64 tensors, kept to 31 bits."""
+    x = x & _MASK31
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK31
+    x = ((x ^ (x >> 15)) * 0x446CA68B) & _MASK31
     return x ^ (x >> 16)
 
 
 def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Gumbel noise for ``token_ids`` [R, K, N] keyed by (seed[R], step[R], stream, token id)."""
     k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64)
-    base = _hash32(seed[:, None] ^ _hash32(step[:, None] * 0x9E3779B1 + (seed[:, None] >> 32)))
-    base = _hash32(base + k[None, :] * 0x85EBCA6B)  # [R, K]
-    bits = _hash32(base[:, :, None] + token_ids * 0xC2B2AE35)
-    u = ((bits >> 8).to(torch.float32) + 0.5) / 16777216.0  # 24 bits: exact in float32
+    base = _hash31(seed[:, None] ^ _hash31(step[:, None] * 0x1E3779B1 + (seed[:, None] >> 31)))
+    base = _hash31(base + k[None, :] * 0x05EBCA6B)  # [R, K]
+    bits = _hash31(base[:, :, None] + token_ids * 0x42B2AE35)
+    u = ((bits >> 7).to(torch.float32) + 0.5) / 16777216.0  # 24 bits: exact in float32
     return -torch.log(-torch.log(u))
 
 
