@@ -246,9 +246,13 @@ class SpeechEngine:
         if req.guidance.enabled:
             if req.uncond_prompt_ids is None or len(req.uncond_prompt_ids) != prompt:
                 raise EngineError("a CFG request needs an unconditional prompt of the same length")
-            budget = self._vllm.vllm_config.scheduler_config.max_num_batched_tokens
+            config = self._vllm.vllm_config
+            budget = config.scheduler_config.max_num_batched_tokens
             if 2 * prompt > budget:  # a pair's prefill runs in one step
                 raise EngineError(f"CFG prompt of {prompt} steps: both members need {2 * prompt} > max_num_batched_tokens {budget}")
+            blocks, size = config.cache_config.num_gpu_blocks, config.cache_config.block_size
+            if blocks and 2 * -(-prompt // size) > blocks - 1:  # both prompts' KV at once
+                raise EngineError(f"CFG prompt of {prompt} steps: both members' KV exceeds the KV cache")
         excess = max(0, prompt + req.max_tokens - limit)
         if excess and req.starts_in_audio and req.max_frames - excess < 1:
             raise EngineError(f"prompt of {prompt} steps leaves no room for audio in max_model_len {limit}")
