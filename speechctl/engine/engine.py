@@ -170,13 +170,15 @@ class SpeechEngine:
             except EngineError as e:
                 self._fail(req, str(e))
                 continue
-            key = f"r{next(self._ids)}"
-            members = [(key, req.prompt_ids, req.audio_items, True)]
-            if req.guidance.enabled:  # the unconditional member: no audio items
-                members.append((key + "u", req.uncond_prompt_ids, [], False))
+            cond = f"r{next(self._ids)}"
+            guided = req.guidance.enabled
+            # (vLLM request id, prompt, audio items, conditional?, partner id)
+            members = [(cond, req.prompt_ids, req.audio_items, True, cond + "u" if guided else None)]
+            if guided:  # the unconditional member: condition dropped, no audio items
+                members.append((cond + "u", req.uncond_prompt_ids, [], False, cond))
             seed = req.seed if req.seed is not None else secrets.randbits(63)
             try:
-                for member, prompt_ids, items, conditional in members:
+                for member, prompt_ids, items, conditional, partner in members:
                     params = StreamParams(
                         key=member,
                         seed=seed,
@@ -185,15 +187,15 @@ class SpeechEngine:
                         allow_audio=req.allow_audio,
                         max_frames=max_frames,
                         min_frames=min(req.min_frames, max_frames),
-                        partner=(key + "u" if conditional else key) if len(members) == 2 else None,
+                        partner=partner,
                         conditional=conditional,
                         guidance=req.guidance,
                         text=req.text,
                     )
                     self._vllm.add_request(member, _prompt(prompt_ids, items), self._sampling(req, params, max_tokens))
                     self._live[member] = req
-                    if params.partner is not None:
-                        self._partner[member] = params.partner
+                    if partner is not None:
+                        self._partner[member] = partner
                     if not conditional:
                         self._unconditional.add(member)
             except vllm_compat.REQUEST_ERRORS as e:  # vLLM rejects what _fit did not foresee
