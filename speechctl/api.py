@@ -4,6 +4,7 @@
     speech = Speech()                      # the embedded "tiny" model; Speech("path/to/ckpt")
     result = speech.tts("Hello world")     # TtsResult: .audio (float32), .sample_rate, .codes
     for r in speech.run(jobs): ...         # many TTS/ASR jobs through one continuously batched engine
+    asr = load_asr()                       # ASR with real weights: Whisper tiny.en (speechctl.asr)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speechctl.engine.params import GREEDY, Sampling
+from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.errors import InputError, SpeechctlError
 
 DEFAULT_TEXT = Sampling(temperature=0.0)
@@ -33,13 +34,14 @@ class TtsJob:
     audio_sampling: Sampling = DEFAULT_AUDIO
     seed: int | None = None
     max_seconds: float = 20.0
+    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance (scale 1.0 = off)
     task = "tts"
 
 
 @dataclass
 class AsrJob:
     id: str
-    audio: np.ndarray  # waveform at the codec's sample rate
+    audio: np.ndarray  # waveform at the engine's sample_rate (the codec's; Whisper: 16 kHz)
     text_sampling: Sampling = GREEDY
     seed: int | None = None
     max_tokens: int = 256
@@ -74,6 +76,8 @@ class AsrResult:
     id: str
     text: str | None
     error: str | None = None
+    segments: list | None = None  # Whisper: [speechctl.asr.segments.Segment] with start/end seconds
+    tokens: list | None = None  # Whisper: generated token ids of each window
     task = "asr"
 
 
@@ -161,6 +165,7 @@ class Speech:
                 audio_sampling=job.audio_sampling,
                 seed=job.seed,
                 max_frames=max(1, math.ceil(job.max_seconds * self.codec.frame_rate)),
+                guidance=job.guidance,
                 tag=job,
             )
         return self.prompts.asr(
@@ -191,6 +196,17 @@ class Speech:
         self.engine.shutdown()
 
 
+def load_asr(model: str | Path | None = None, *, engine_config=None, whisper_config=None):
+    """The engine for ASR jobs: Whisper (``speechctl.asr.WhisperAsr``) when ``model`` is a
+    Whisper model or None (the default, whisper-tiny.en), else a multi-stream :class:`Speech`.
+    Both take ``run(jobs)`` with AsrJobs at their ``sample_rate``."""
+    from speechctl.asr import WhisperAsr, is_whisper
+
+    if is_whisper(model):
+        return WhisperAsr(model, whisper_config)
+    return Speech(model, engine_config=engine_config)
+
+
 def _validate(job: Job) -> str | None:
     if isinstance(job, TtsJob):
         if not job.text or not job.text.strip():
@@ -217,4 +233,4 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-__all__ = ["Speech", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "AsrResult", "InputError"]
+__all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "AsrResult", "InputError"]

@@ -47,9 +47,12 @@ def run_batch(
     out_dir: str | Path,
     job_options: Callable[[dict], dict],
     on_result: Callable[[], None] = lambda: None,
+    asr=None,
 ) -> BatchReport:
     """Run ``items``; record bad lines and failures in results.jsonl and keep going.
-    ``speech`` may be None when there are no items (only bad lines to record)."""
+    ``asr`` (a ``speechctl.asr.WhisperAsr``), when given, runs the ASR items and ``speech`` the
+    TTS items; otherwise ``speech`` runs both. Either may be None when it has nothing to run
+    (TTS items without a speech LM fail one by one)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = BatchReport()
@@ -57,8 +60,7 @@ def run_batch(
         append_result(out_dir, manifest_error_record(error))
         report.failed.append(str(error))
     by_id = {item.id: item for item in items}
-    results = speech.run(_jobs(speech, items, job_options)) if items else ()
-    for result in results:
+    for result in _results(speech, asr, items, job_options):
         item = by_id[result.id]
         error = result.error or _write_output(item, result, out_dir)
         extras = {}
@@ -66,6 +68,8 @@ def run_batch(
             extras["duration_s"] = round(result.duration, 3)
         if error is None and item.task == "asr":
             extras["text"] = result.text
+            if result.segments is not None:
+                extras["segments"] = [s.to_dict() for s in result.segments]
         append_result(out_dir, result_record(item, error, **extras))
         if error:
             report.failed.append(f"line {item.line}: item '{item.id}': {error}")
@@ -75,7 +79,29 @@ def run_batch(
     return report
 
 
-def _jobs(speech: Speech, items: list[ManifestItem], job_options) -> Iterator:
+def _results(speech, asr, items: list[ManifestItem], job_options) -> Iterator:
+    """Whisper runs the ASR items first (all windows batched together), then the speech LM the
+    rest."""
+    if asr is not None:
+        yield from asr.run(_jobs(asr, [i for i in items if i.task == "asr"], job_options))
+        items = [i for i in items if i.task != "asr"]
+    if not items:
+        return
+    if speech is None:
+        for item in items:
+            error = f"the model is an ASR model (Whisper); {item.task} items need a speech LM (--model tiny or a checkpoint)"
+            yield _failure_result(item, error)
+        return
+    yield from speech.run(_jobs(speech, items, job_options))
+
+
+def _failure_result(item: ManifestItem, error: str):
+    from speechctl.api import AsrResult, TtsResult
+
+    return TtsResult(item.id, None, 0, error=error) if item.task == "tts" else AsrResult(item.id, None, error=error)
+
+
+def _jobs(speech, items: list[ManifestItem], job_options) -> Iterator:
     for item in items:
         f = item.fields
         try:
@@ -85,8 +111,7 @@ def _jobs(speech: Speech, items: list[ManifestItem], job_options) -> Iterator:
                 extra = {"max_seconds": f["max_seconds"]} if "max_seconds" in f else {}
                 yield TtsJob(id=item.id, text=f["text"], voice=voice, **options, **extra)
             else:
-                options = job_options(f)
-                options.pop("audio_sampling")
+                options = job_options(f, task="asr")
                 yield AsrJob(id=item.id, audio=read_audio(f["audio"], speech.sample_rate), **options)
         except InputError as e:
             yield FailedJob(id=item.id, task=item.task, error=str(e))
@@ -98,7 +123,10 @@ def _write_output(item: ManifestItem, result, out_dir: Path) -> str | None:
         if item.task == "tts":
             write_audio(path, result.audio, result.sample_rate, item.fields["format"])
         elif item.fields["format"] == "json":
-            write_json_atomic(path, {"id": item.id, "text": result.text})
+            record = {"id": item.id, "text": result.text}
+            if result.segments is not None:
+                record["segments"] = [s.to_dict() for s in result.segments]
+            write_json_atomic(path, record)
         else:
             write_text_atomic(path, result.text + "\n")
     except InputError as e:

@@ -102,8 +102,8 @@ def _non_negative_int(key: str, value: Any, base_dir: Path) -> int:
     return value
 
 
-def _temperature(key: str, value: Any, base_dir: Path) -> float:
-    """A number >= 0 (0 = greedy)."""
+def _non_negative(key: str, value: Any, base_dir: Path) -> float:
+    """A number >= 0 (a temperature: 0 = greedy; a CFG scale: 1 = off)."""
     number = _number(key, value)
     if number < 0:
         raise _FieldError(f"{key!r} must be >= 0, got {_show(value)}")
@@ -146,13 +146,16 @@ _SCHEMAS: dict[str, dict[str, tuple[Validator, bool]]] = {
         "text": (_text, True),
         "voice": (_existing_file, False),
         "seed": (_non_negative_int, False),
-        "temperature": (_temperature, False),
+        "temperature": (_non_negative, False),
         "top_k": (_non_negative_int, False),
         "top_p": (_top_p, False),
-        "audio_temperature": (_temperature, False),
+        "audio_temperature": (_non_negative, False),
         "audio_top_k": (_non_negative_int, False),
         "audio_top_p": (_top_p, False),
         "max_seconds": (_positive, False),
+        "cfg": (_non_negative, False),
+        "cfg_streams": (_choice("text", "audio", "both"), False),
+        "cfg_top_k": (_non_negative_int, False),
         "format": (_choice(*TTS_FORMATS), False),
     },
     "asr": {

@@ -107,7 +107,7 @@ def test_asr_reports_bad_files_and_transcribes_the_rest(tmp_path):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF....WAVEjunk")
     hello = str(SAMPLES / "hello.wav")
-    result = run("asr", hello, str(bad), hello, "--format", "json")
+    result = run("asr", hello, str(bad), hello, "--format", "json", "--model", "tiny")  # the speech-LM path
     assert result.exit_code == 1
     rows = json.loads(result.stdout)
     assert [r["file"] for r in rows] == [hello, str(bad), hello]
@@ -153,8 +153,24 @@ def test_models_list_and_describe():
 def test_inputs_too_long_for_the_model_are_named(tmp_path):
     long_wav = tmp_path / "long.wav"
     sf.write(long_wav, np.random.default_rng(0).normal(0, 0.1, 16000 * 100).astype("float32"), 16000)
-    result = run("asr", str(long_wav))
+    result = run("asr", str(long_wav), "--model", "tiny")  # Whisper would cut it into windows
     one_line_error(result, "long.wav", "does not fit max_model_len")
     result = run("tts", "word " * 1000, "-o", str(tmp_path / "x.wav"))
     one_line_error(result, "does not fit max_model_len")
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_tts_with_cfg_from_the_command_line_and_a_manifest(tmp_path):
+    out = tmp_path / "cfg.wav"
+    result = run("tts", "Guided speech.", "-o", str(out), "--cfg", "3", "--cfg-top-k", "20", "--seed", "1")
+    assert result.exit_code == 0, result.stderr
+    assert sf.info(str(out)).frames > 0
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        '{"id": "g", "task": "tts", "text": "Guided.", "cfg": 2.5, "cfg_streams": "audio"}\n'
+        '{"id": "bad", "task": "tts", "text": "x", "cfg_streams": "video"}\n'
+    )
+    result = run("batch", str(manifest), "--out-dir", str(tmp_path / "o"))
+    assert result.exit_code == 1
+    assert "m.jsonl:2: item 'bad': 'cfg_streams' must be" in result.stderr
+    assert (tmp_path / "o" / "g.wav").is_file()

@@ -1,50 +1,146 @@
 from __future__ import annotations
 
+import itertools
 import json
+from pathlib import Path
 
 import click
 
-from speechctl.cli.options import engine_options, sampling_options, user_errors
+from speechctl.asr.segments import FORMATS  # numpy only: --help stays light
+from speechctl.cli.options import EngineChoice, quiet_libraries, sampling_options, user_errors
+
+_LOADED: dict = {}  # commands run in one process (tests, scripts) share a loaded Whisper engine
+
+
+def load_whisper(model, max_num_seqs: int = 64, dtype: str = "auto"):
+    """A WhisperAsr for ``model`` (None = whisper-tiny.en), shared within the process."""
+    from speechctl.asr import WhisperAsr, WhisperConfig
+
+    key = (model, max_num_seqs, dtype)
+    if key not in _LOADED:
+        config = WhisperConfig(max_num_seqs=max_num_seqs, dtype=dtype)
+        _LOADED[key] = WhisperAsr(model, config)
+    return _LOADED[key]
+
+
+def batch_engines(engine: EngineChoice, items) -> tuple:
+    """(speech, asr) for a batch: ASR items run on Whisper when ``--model`` is a Whisper model or
+    not given; TTS items run on the speech LM (``--model``, default tiny). Either may be None."""
+    from speechctl.asr import is_whisper
+
+    tts = any(item.task == "tts" for item in items)
+    asr_items = any(item.task == "asr" for item in items)
+    whisper_asr = asr_items and is_whisper(engine.model)
+    explicit_whisper = engine.model is not None and is_whisper(engine.model)
+    speech = engine.speech() if (tts and not explicit_whisper) or (asr_items and not whisper_asr) else None
+    asr = load_whisper(engine.model, engine.config["max_num_seqs"], engine.config["dtype"]) if whisper_asr else None
+    return speech, asr
 
 
 @click.command("asr")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
-@click.option("--format", "fmt", type=click.Choice(["txt", "json"]), default="txt", show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True, help="Longest transcript, in tokens.")
+@click.option("--model", "-m", default=None, metavar="NAME|DIR", help="whisper-tiny.en (default), a Whisper checkpoint directory, or a speech LM (tiny or a checkpoint directory).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="txt", show_default=True, help="json, srt and vtt carry segment timestamps (per window of at most --max-window seconds).")
+@click.option("--out-dir", "-o", type=click.Path(file_okay=False), default=None, help="Write OUT_DIR/<file name>.<format> per input instead of printing.")
+@click.option("--max-tokens", type=click.IntRange(1), default=None, help="Longest transcript, in tokens (Whisper: per window, at most 446).  [default: 256]")
+@click.option("--max-window", type=click.FloatRange(3, 30), default=30.0, show_default=True, help="Whisper: longest window in seconds; shorter windows give finer srt/vtt cues.")
+@click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Windows (Whisper) or requests decoded together.")
+@click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Speech LMs: longest prompt + output, in steps.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
+@click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
 @sampling_options
-@engine_options
 @user_errors
-def command(files, fmt, max_tokens, sampling, engine):
-    """Transcribe audio FILEs (- for stdin). Files that fail are reported; the rest still run."""
-    from speechctl.api import AsrJob, FailedJob
-    from speechctl.audio import read_audio
+def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, max_model_len, dtype, verbose, sampling):
+    """Transcribe audio FILEs (- for stdin). Files that fail are reported; the rest still run.
+
+    Long files are cut into windows of at most 30 s at pauses; silent stretches are skipped.
+    """
+    from speechctl.api import AsrJob, AsrResult, FailedJob
+    from speechctl.asr import WhisperAsr, is_whisper
+    from speechctl.asr.segments import render, to_record
+    from speechctl.audio import read_audio, write_text_atomic
     from speechctl.errors import InputError
 
-    speech = engine.speech()
-    options = sampling.job_options()
-    options.pop("audio_sampling")
+    if fmt in ("srt", "vtt") and len(files) > 1 and out_dir is None:
+        raise click.UsageError(f"--format {fmt} with several files needs --out-dir")
+    quiet_libraries(verbose)
+    whisper = is_whisper(model)
+    choice = EngineChoice(model, max_num_seqs, max_model_len, dtype)
+    rate = WhisperAsr.sample_rate if whisper else choice.sample_rate()
+    options = sampling.job_options(task="asr")
+    if max_tokens is not None:
+        options["max_tokens"] = max_tokens
 
     # Job ids name the file (errors say which); a file given twice gets a #n suffix.
     ids = [path if files.index(path) == i else f"{path}#{i}" for i, path in enumerate(files)]
+    durations: dict[str, float] = {}
 
     def jobs():
         for job_id, path in zip(ids, files):
             try:
-                yield AsrJob(id=job_id, audio=read_audio(path, speech.sample_rate), max_tokens=max_tokens, **options)
+                audio = read_audio(path, rate)
             except InputError as e:
                 yield FailedJob(id=job_id, task="asr", error=str(e))
+                continue
+            durations[job_id] = len(audio) / rate
+            yield AsrJob(id=job_id, audio=audio, **options)
 
-    order = {job_id: i for i, job_id in enumerate(ids)}
-    results = sorted(speech.run(jobs()), key=lambda r: order[r.id])
-    failed = [r for r in results if r.error]
-    if fmt == "json":
-        rows = [{"file": files[order[r.id]], "text": r.text, "error": r.error} for r in results]
-        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+    # Files are read lazily; the engine starts only once one of them is readable.
+    pending, head = jobs(), []
+    for job in pending:
+        head.append(job)
+        if isinstance(job, AsrJob):
+            break
+    if any(isinstance(job, AsrJob) for job in head):
+        jobs_in = itertools.chain(head, pending)
+        if whisper:
+            results = load_whisper(model, max_num_seqs, dtype).run(jobs_in, max_window=max_window)
+        else:
+            results = choice.speech().run(jobs_in)
     else:
-        for r in results:
-            if r.error is None:
+        results = [AsrResult(job.id, None, error=job.error) for job in head]
+    order = {job_id: i for i, job_id in enumerate(ids)}
+    names = _output_names(files)
+    finished = []
+    for r in results:  # in the order they finish; with --out-dir each file is written at once
+        if out_dir is not None and r.error is None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            path = Path(out_dir) / f"{names[order[r.id]]}.{fmt}"
+            write_text_atomic(path, render(fmt, r.text, _segments(r, durations), files[order[r.id]], durations[r.id]))
+        finished.append(r)
+    finished.sort(key=lambda r: order[r.id])
+    if out_dir is None and fmt == "json":
+        rows = [to_record(files[order[r.id]], r.text, None if r.error else _segments(r, durations), r.error, durations.get(r.id))
+                for r in finished]
+        click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+    elif out_dir is None:
+        for r in (r for r in finished if r.error is None):
+            if fmt == "txt":
                 click.echo(r.text if len(files) == 1 else f"{files[order[r.id]]}\t{r.text}")
+            else:
+                click.echo(render(fmt, r.text, _segments(r, durations)), nl=False)
+    failed = [r for r in finished if r.error]
     for r in failed:
         click.echo(f"Error: {r.error}", err=True)
     if failed:
         raise SystemExit(1)
+
+
+def _segments(result, durations: dict) -> list:
+    """Whisper's segments; a speech LM's transcript becomes one segment over the whole file."""
+    from speechctl.asr.segments import Segment
+
+    if result.segments is not None:
+        return result.segments
+    return [Segment(0.0, durations[result.id], result.text.strip())]
+
+
+def _output_names(files) -> list[str]:
+    """A distinct output name per input: the file's stem ("stdin" for -), with -2, -3... on
+    clashes."""
+    names, seen = [], {}
+    for path in files:
+        stem = "stdin" if path == "-" else Path(path).stem or "audio"
+        seen[stem] = seen.get(stem, 0) + 1
+        names.append(stem if seen[stem] == 1 else f"{stem}-{seen[stem]}")
+    return names

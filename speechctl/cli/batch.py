@@ -32,12 +32,14 @@ def command(manifest, out_dir, sampling, engine):
         console.print(f"{skipped} item(s) already done in {out_dir}, skipped")
     report = None
     if items or errors:
-        speech = engine.speech() if items else None
+        from speechctl.cli.asr import batch_engines
+
+        speech, asr = batch_engines(engine, items)  # ASR items: Whisper unless --model is a speech LM
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task("batch", total=len(items))
             report = run_batch(
-                speech, items, errors, out_dir, sampling.job_options, lambda: progress.advance(bar)
+                speech, items, errors, out_dir, sampling.job_options, lambda: progress.advance(bar), asr=asr
             )
         for line in report.failed[len(errors):]:
             console.print(f"[red]Error:[/red] {line}", highlight=False, soft_wrap=True)

@@ -88,12 +88,16 @@ def sampling_options(fn):
     @click.option("--audio-top-k", type=click.IntRange(0), default=None, help="Audio streams top-k (0 = off).")
     @click.option("--audio-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Audio streams top-p.")
     @click.option("--seed", type=click.IntRange(0), default=None, help="Seed for reproducible sampling.")
+    @click.option("--cfg", "cfg", type=click.FloatRange(0), default=None, help="Classifier-free guidance scale (1 = off).")
+    @click.option("--cfg-streams", type=click.Choice(["text", "audio", "both"]), default=None, help="Streams CFG guides (default both).")
+    @click.option("--cfg-top-k", type=click.IntRange(0), default=None, help="Dia's CFG filter: sample among the top-k guided tokens (0 = off).")
     @functools.wraps(fn)
-    def wrapper(*args, temperature, top_k, top_p, audio_temperature, audio_top_k, audio_top_p, seed, **kwargs):
+    def wrapper(*args, temperature, top_k, top_p, audio_temperature, audio_top_k, audio_top_p, seed, cfg, cfg_streams, cfg_top_k, **kwargs):
         kwargs["sampling"] = SamplingChoice(
             text=dict(temperature=temperature, top_k=top_k, top_p=top_p),
             audio=dict(temperature=audio_temperature, top_k=audio_top_k, top_p=audio_top_p),
             seed=seed,
+            guidance=dict(scale=cfg, streams=cfg_streams, top_k=cfg_top_k),
         )
         return fn(*args, **kwargs)
 
@@ -101,26 +105,34 @@ def sampling_options(fn):
 
 
 class SamplingChoice:
-    def __init__(self, text: dict, audio: dict, seed: int | None):
-        self.text, self.audio, self.seed = text, audio, seed
+    def __init__(self, text: dict, audio: dict, seed: int | None, guidance: dict):
+        self.text, self.audio, self.seed, self.guidance = text, audio, seed, guidance
 
-    def job_options(self, overrides: dict | None = None) -> dict:
-        """Keyword arguments for a TtsJob/AsrJob: defaults < command line < per-item overrides."""
+    def job_options(self, overrides: dict | None = None, task: str = "tts") -> dict:
+        """Keyword arguments for a TtsJob (or an AsrJob with ``task="asr"``): defaults <
+        command line < per-item overrides (manifest fields)."""
         from dataclasses import replace
 
         from speechctl.api import DEFAULT_AUDIO, DEFAULT_TEXT
+        from speechctl.engine.params import NO_GUIDANCE
 
         overrides = overrides or {}
         text = {k: v for k, v in self.text.items() if v is not None}
         audio = {k: v for k, v in self.audio.items() if v is not None}
+        guidance = {k: v for k, v in self.guidance.items() if v is not None}
         text.update({k: overrides[k] for k in ("temperature", "top_k", "top_p") if k in overrides})
         audio.update({k[6:]: overrides[k] for k in ("audio_temperature", "audio_top_k", "audio_top_p") if k in overrides})
+        names = {"cfg": "scale", "cfg_streams": "streams", "cfg_top_k": "top_k"}
+        guidance.update({name: overrides[k] for k, name in names.items() if k in overrides})
         seed = overrides.get("seed", self.seed)
         try:
+            if task == "asr":
+                return dict(text_sampling=replace(DEFAULT_TEXT, **text), seed=seed)
             return dict(
                 text_sampling=replace(DEFAULT_TEXT, **text),
                 audio_sampling=replace(DEFAULT_AUDIO, **audio),
                 seed=seed,
+                guidance=replace(NO_GUIDANCE, **guidance),
             )
         except ValueError as e:
             raise SpeechctlError(str(e)) from None

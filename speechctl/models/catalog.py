@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN
 from speechctl.errors import ModelError
 from speechctl.models import ARCHITECTURES
 
@@ -12,12 +13,15 @@ DEFAULT_MODEL = "tiny"
 BUILTIN = {
     "tiny": "random weights from a fixed seed: a 2-layer Llama, 4 DAC codebooks at 50 frames/s; "
     "exercises the whole pipeline but does not speak",
+    **WHISPER_BUILTIN,  # real ASR weights, run by speechctl/asr/ (not a speech LM)
 }
 
 
 def resolve_model(name: str | None) -> Path:
     """A built-in name (created on first use) or a checkpoint directory -> its directory."""
     name = name or DEFAULT_MODEL
+    if name in WHISPER_BUILTIN:
+        raise ModelError(f"{name} is a Whisper ASR model: it runs `speechctl asr` and ASR batch items, not TTS")
     if name == "tiny":
         from speechctl.models.tiny import ensure_tiny
 
@@ -60,6 +64,10 @@ def codec_sample_rate(path: Path) -> int:
 
 def describe_model(name: str | None) -> dict:
     """A summary of a model: architecture, backbone shape, streams and codec."""
+    from speechctl.asr.checkpoint import describe as describe_whisper, is_whisper
+
+    if name is not None and is_whisper(name):
+        return describe_whisper(name)
     path = resolve_model(name)
     config = read_config(path)
     streams = config.get("speechctl", {})
