@@ -234,3 +234,20 @@ def test_compiled_step_equals_reference(tiny_checkpoint, reference, monkeypatch)
     outs = {o.tag: o for o in engine.generate(reqs)}
     assert_matches(reference, engine, reqs, outs)
     engine.shutdown()
+
+
+def test_streamed_pieces_add_up_to_the_whole_output(engine):
+    """A ``stream`` request reports its new tokens (all streams) every step; the pieces
+    concatenate to exactly what the same request returns in one piece."""
+    from dataclasses import replace
+
+    reqs = mixed_requests(engine, np.random.default_rng(3))[:6]
+    whole = {o.tag: o for o in engine.generate(reqs)}
+    pieces = {}
+    for out in engine.generate([replace(r, stream=True) for r in reqs]):
+        pieces.setdefault(out.tag, []).append(out)
+    for tag, parts in pieces.items():
+        assert [p.finished for p in parts] == [False] * (len(parts) - 1) + [True]
+        assert len(parts) > 1 or len(whole[tag].token_ids) == 1
+        assert sum((p.token_ids for p in parts), []) == whole[tag].token_ids
+        np.testing.assert_array_equal(np.concatenate([p.aux for p in parts]), whole[tag].aux)

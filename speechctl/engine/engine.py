@@ -109,18 +109,23 @@ class StreamRequest:
     min_frames: int = 1  # = max_frames for a fixed length (benchmarks)
     guidance: Guidance = NO_GUIDANCE
     uncond_prompt_ids: list[int] | None = None  # the CFG partner's prompt (same length)
+    stream: bool = False  # report new tokens every step, not only at the end
     tag: object = None  # the caller's handle, returned with the output
 
 
 @dataclass
 class StreamOutput:
+    """A finished request's streams; for a ``stream`` request, also the tokens each step added
+    (``finished`` False until the last piece)."""
+
     tag: object
-    token_ids: list[int]  # primary stream
+    token_ids: list[int]  # primary stream (for a streamed piece: the new tokens only)
     aux: np.ndarray  # [len(token_ids), K] auxiliary streams, step by step
     finish_reason: str | None
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
     partner_cached_tokens: int = 0  # the same for a CFG pair's unconditional member
+    finished: bool = True
 
 
 class SpeechEngine:
@@ -149,6 +154,7 @@ class SpeechEngine:
         self._live: dict[str, StreamRequest] = {}  # vLLM request id -> request (both CFG members)
         self._partner: dict[str, str] = {}  # CFG pairs, both directions
         self._unconditional: set[str] = set()
+        self._emitted: dict[str, int] = {}  # streamed requests: tokens reported so far
         self._queue: deque[StreamRequest] = deque()
         self._done: list[StreamOutput] = []
 
@@ -192,7 +198,8 @@ class SpeechEngine:
                         guidance=req.guidance,
                         text=req.text,
                     )
-                    self._vllm.add_request(member, _prompt(prompt_ids, items), self._sampling(req, params, max_tokens))
+                    sampling = self._sampling(req, params, max_tokens, stream=req.stream and conditional)
+                    self._vllm.add_request(member, _prompt(prompt_ids, items), sampling)
                     self._live[member] = req
                     if partner is not None:
                         self._partner[member] = partner
@@ -203,7 +210,7 @@ class SpeechEngine:
                 self._fail(req, str(e).splitlines()[0])
 
     @staticmethod
-    def _sampling(req: StreamRequest, params: StreamParams, max_tokens: int):
+    def _sampling(req: StreamRequest, params: StreamParams, max_tokens: int, stream: bool):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -218,7 +225,7 @@ class SpeechEngine:
             seed=params.seed if text.temperature > 0 else None,
             max_tokens=max_tokens,
             stop_token_ids=list(req.stop_token_ids),
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
             extra_args=params.to_extra_args(),
         )
 
@@ -230,6 +237,7 @@ class SpeechEngine:
             self._rpc("release", live)
             for k in live:
                 del self._live[k]
+                self._emitted.pop(k, None)
                 self._partner.pop(k, None)
                 self._unconditional.discard(k)
 
@@ -265,19 +273,32 @@ class SpeechEngine:
         self._done.append(StreamOutput(req.tag, [], empty, None, error=error))
 
     def step(self) -> list[StreamOutput]:
-        """Admit what fits, run one engine step, return the requests that finished in it."""
+        """Admit what fits, run one engine step, return the requests that finished in it (and
+        the new pieces of streamed requests)."""
         self._admit()
-        finished = []
-        if self._live:
-            for out in self._vllm.step():
-                if out.finished:
-                    finished.append(out)
+        outputs = self._vllm.step() if self._live else []
         results, self._done = self._done, []
+        pieces = [out for out in outputs if not out.finished and out.outputs[0].token_ids]
+        finished = [out for out in outputs if out.finished]
+        if not finished and not pieces:
+            return results
+        # (key, start, end) of the tokens each output carries: streamed requests get deltas
+        spans = []
+        for out in pieces + finished:
+            start = self._emitted.get(out.request_id, 0)
+            spans.append((out.request_id, start, start + len(out.outputs[0].token_ids)))
+        collected = dict(zip((key for key, _, _ in spans), self._rpc("collect", spans)))
+        for out in pieces:
+            key = out.request_id
+            self._emitted[key] = self._emitted.get(key, 0) + len(out.outputs[0].token_ids)
+            aux, _ = collected[key]
+            results.append(StreamOutput(self._live[key].tag, list(out.outputs[0].token_ids), aux, None, finished=False))
         if not finished:
             return results
-        lengths = [(out.request_id, len(out.outputs[0].token_ids)) for out in finished]
-        streams = dict(zip((k for k, _ in lengths), self._rpc("collect", lengths)))
-        self._rpc("release", [k for k, _ in lengths])
+        for out in finished:
+            self._emitted.pop(out.request_id, None)
+        self._rpc("release", [out.request_id for out in finished])
+        streams = {out.request_id: collected[out.request_id] for out in finished}
         ended = set(streams)
         partners = {key: self._partner.pop(key, None) for key in ended}
         cached = {out.request_id: out.num_cached_tokens or 0 for out in finished}

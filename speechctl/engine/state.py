@@ -418,16 +418,20 @@ class StreamRuntime:
 
     # -- driver access ------------------------------------------------------------------------
 
-    def collect(self, requests: list[tuple[str, int]]) -> list[tuple[np.ndarray, int]]:
-        """[(key, num generated tokens)] -> ([n, K] auxiliary tokens, desync steps) of each,
-        in one copy."""
-        if not requests:
+    def collect(self, spans: list[tuple[str, int, int]]) -> list[tuple[np.ndarray, int]]:
+        """[(key, start, end)] -> (the [end - start, K] auxiliary tokens of generated positions
+        start..end-1, desync flag) of each request, in one copy."""
+        if not spans:
             return []
-        slots = torch.tensor([self.slots[k] for k, _ in requests], device=self.device)
-        n = max(length for _, length in requests)
-        block = self.gen_aux[slots, :n].cpu().numpy()
+        slots = torch.tensor([self.slots[k] for k, _, _ in spans], device=self.device)
+        first = min(start for _, start, _ in spans)
+        last = max(end for _, _, end in spans)
+        block = self.gen_aux[slots, first:last].cpu().numpy()
         desync = self.desync[slots].cpu().numpy()
-        return [(block[i, :length], int(desync[i])) for i, (_, length) in enumerate(requests)]
+        return [
+            (block[i, start - first : end - first], int(desync[i]))
+            for i, (_, start, end) in enumerate(spans)
+        ]
 
 
 class StreamTracker(LogitsProcessor):
