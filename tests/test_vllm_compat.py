@@ -83,6 +83,7 @@ def test_engine_args_we_pass_exist():
     args = EngineConfig(max_num_batched_tokens=64, enable_chunked_prefill=True, num_kv_blocks=4, block_size=32).engine_args("m")
     assert set(args) <= fields, set(args) - fields
     assert "logits_processors" in fields
+    assert "hf_overrides" in fields  # a family's config overrides (CSM's vocabulary)
 
 
 @pytest.mark.engine
@@ -106,3 +107,17 @@ def _check_view(worker):
         and view.query_start_loc(1).shape == (2,)
         and isinstance(view.num_reqs(), int)
     )
+
+
+def test_llama_model_takes_a_layer_type():
+    """Higgs Audio v2's DualFFN layer (speechctl/models/higgs_audio_v2.py) is a LlamaDecoderLayer
+    subclass handed to vLLM's LlamaModel as ``layer_type``, called as
+    ``layer(positions, hidden_states, residual)``."""
+    from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaModel
+
+    source = inspect.getsource(LlamaModel)  # __init__ itself is wrapped by support_torch_compile
+    assert "layer_type: type[nn.Module] = LlamaDecoderLayer" in source
+    assert "layer_type(vllm_config=vllm_config, prefix=prefix)" in source
+    assert list(inspect.signature(LlamaDecoderLayer.forward).parameters) == ["self", "positions", "hidden_states", "residual"]
+    assert "positions, hidden_states, residual" in inspect.getsource(LlamaModel.forward)
+    assert hasattr(LlamaDecoderLayer, "get_quant_config")

@@ -13,6 +13,9 @@ from .base import Codec
 # model_type -> "module:class", imported only when used (each family pulls in its own model code).
 CODEC_CLASSES: dict[str, str] = {
     "dac": "speechctl.codecs.dac:DacCodec",
+    "higgs_audio_v2_tokenizer": "speechctl.codecs.higgs:HiggsAudioV2Codec",
+    "mimi": "speechctl.codecs.mimi:MimiCodec",
+    "csm": "speechctl.codecs.mimi:MimiCodec",  # a CSM checkpoint holds its Mimi (codec_model.*)
 }
 
 

@@ -110,6 +110,7 @@ class StreamRequest:
     guidance: Guidance = NO_GUIDANCE
     uncond_prompt_ids: list[int] | None = None  # the CFG partner's prompt (same length)
     stream: bool = False  # report new tokens every step, not only at the end
+    depth: Sampling | None = None  # a depth decoder's codebooks (CSM); None: as ``audio``
     tag: object = None  # the caller's handle, returned with the output
 
 
@@ -144,7 +145,11 @@ class SpeechEngine:
         self.config = config or EngineConfig()
         self.model_dir = Path(model_dir)
         self.spec = read_stream_spec(self.model_dir)
-        args = EngineArgs(logits_processors=[StreamTracker], **self.config.engine_args(str(self.model_dir)))
+        args = EngineArgs(
+            logits_processors=[StreamTracker],
+            **self.config.engine_args(str(self.model_dir)),
+            **_family_overrides(self.model_dir),
+        )
         self._vllm = LLMEngine.from_engine_args(args)
         capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
         self.capacity = min(capacities)
@@ -197,6 +202,7 @@ class SpeechEngine:
                         conditional=conditional,
                         guidance=req.guidance,
                         text=req.text,
+                        depth=req.depth,
                     )
                     sampling = self._sampling(req, params, max_tokens, stream=req.stream and conditional)
                     self._vllm.add_request(member, _prompt(prompt_ids, items), sampling)
@@ -398,6 +404,17 @@ def _prompt(prompt_ids: list[int], audio_items: list) -> dict:
     return prompt
 
 
-def read_stream_spec(model_dir: Path) -> StreamSpec:
+def _family_overrides(model_dir: Path) -> dict:
+    """``hf_overrides`` a family needs (CSM: the primary stream's vocabulary), as EngineArgs."""
+    from speechctl.models.families import family_of
+
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    return StreamSpec.from_dict(config.get("speechctl") or {})
+    family = family_of(config)
+    return {"hf_overrides": family.hf_overrides(config)} if family.hf_overrides else {}
+
+
+def read_stream_spec(model_dir: Path) -> StreamSpec:
+    """The checkpoint's stream layout, read by its family (speechctl.models.families)."""
+    from speechctl.models.families import stream_spec
+
+    return stream_spec(json.loads((Path(model_dir) / "config.json").read_text()))

@@ -76,6 +76,7 @@ class StreamParams:
     conditional: bool = True  # False for the unconditional member of a pair
     guidance: Guidance = field(default_factory=Guidance)
     text: Sampling = field(default_factory=Sampling)  # paired requests sample text in the model
+    depth: Sampling | None = None  # codebooks 1.. of a depth-decoder family (CSM); None: as audio
 
     def to_extra_args(self) -> dict[str, Any]:
         return {EXTRA_ARGS_KEY: asdict(self)}
@@ -88,4 +89,5 @@ class StreamParams:
         d["audio"] = Sampling(**d.get("audio", {}))
         d["text"] = Sampling(**d.get("text", {}))
         d["guidance"] = Guidance(**d.get("guidance", {}))
+        d["depth"] = Sampling(**d["depth"]) if d.get("depth") is not None else None
         return cls(**d)

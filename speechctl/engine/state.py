@@ -97,6 +97,9 @@ class StreamRuntime:
         self.text_temperature = full(0.0, torch.float32)
         self.text_top_k = full(0)
         self.text_top_p = full(1.0, torch.float32)
+        self.depth_temperature = full(1.0, torch.float32)  # a depth decoder's codebooks (CSM)
+        self.depth_top_k = full(0)
+        self.depth_top_p = full(1.0, torch.float32)
         self.desync = full(0)  # 1 once a paired row had no partner at its position
         # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
         self.gen_aux = torch.full((n, max_len + 1, K), self.pattern.pad, dtype=torch.int32, device=device)
@@ -114,6 +117,8 @@ class StreamRuntime:
         self.num_paired = 0  # live slots that belong to a CFG pair
         self.num_cfg_filter = 0  # live pairs using Dia's CFG top-k filter
         self.num_text_random = 0  # live paired slots sampling text with temperature > 0
+        self.num_depth_random = 0  # live slots sampling depth-decoded codebooks at temperature > 0
+        self.num_depth_filtered = 0
         self._filter_top_ks: Counter[int] = Counter()  # audio top-k of live filtering slots
 
         if _compile(device):  # fuse the per-step elementwise work: kernel launches dominate it
@@ -165,6 +170,9 @@ class StreamRuntime:
         return slot
 
     def _count(self, params: StreamParams, sign: int) -> None:
+        depth = params.depth or params.audio
+        self.num_depth_random += sign * (depth.temperature > 0)
+        self.num_depth_filtered += sign * depth.filters
         self.num_random += sign * (params.audio.temperature > 0)
         self.num_filtered += sign * params.audio.filters
         if params.audio.filters:
@@ -208,6 +216,10 @@ class StreamRuntime:
         put(self.text_temperature, [p.text.temperature for _, _, p in claimed], torch.float32)
         put(self.text_top_k, [p.text.top_k for _, _, p in claimed])
         put(self.text_top_p, [p.text.top_p for _, _, p in claimed], torch.float32)
+        depths = [p.depth or p.audio for _, _, p in claimed]
+        put(self.depth_temperature, [d.temperature for d in depths], torch.float32)
+        put(self.depth_top_k, [d.top_k for d in depths])
+        put(self.depth_top_p, [d.top_p for d in depths], torch.float32)
         put(self.desync, [0] * len(claimed))
 
     def _max_top_k(self) -> int:
@@ -270,11 +282,13 @@ class StreamRuntime:
     # -- phase 3: sampling --------------------------------------------------------------------
 
     @torch.profiler.record_function("speechctl.sample")
-    def sample(self, logits: torch.Tensor, aux_logits: torch.Tensor) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, aux_logits: torch.Tensor | None = None, *, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Sample the auxiliary streams; return the primary logits with the stream rules applied.
 
         logits: [R, V] primary logits (vLLM samples from what this returns).
-        aux_logits: [R, K, Va] auxiliary logits.
+        aux_logits: [R, K, Va] auxiliary logits, sampled here under the delay rules; or
+        tokens: [R, K] auxiliary tokens the model sampled itself, one codebook after another
+            (a depth decoder, CSM; see ``sample_codebook``); recorded as they are.
         """
         step, self._step = self._step, None
         if step is None:
@@ -283,10 +297,36 @@ class StreamRuntime:
             raise RuntimeError(
                 f"speechctl: {logits.shape[0]} logit rows for {step.num_rows} scheduled requests"
             )
+        if tokens is not None and self.num_paired:
+            raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
         flags = (self.num_random > 0, self.num_filtered > 0, self._max_top_k(), self.num_paired > 0)
-        return self._sample_step(logits, aux_logits, step.row_slots, step.last_pos, *flags)
+        return self._sample_step(logits, aux_logits, tokens, step.row_slots, step.last_pos, *flags)
 
-    def _sample_step(self, logits, aux_logits, slots, last_pos, any_random, any_filter, max_top_k, paired):
+    @torch.profiler.record_function("speechctl.sample_codebook")
+    def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
+        """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens, for a model
+        whose codebooks depend on each other within a step (CSM's depth decoder). Each row's
+        audio sampling settings (``depth``: its depth-decoder settings) and seed; the draw is keyed
+        by (seed, generated index, stream), so it does not depend on the batch either."""
+        step = self._step
+        if step is None:  # profiling and warm-up runs
+            return logits.argmax(dim=-1)
+        slots = step.row_slots
+        g_next = step.last_pos + 1 - self.prompt_len[slots]
+        if depth:
+            settings = (self.depth_temperature, self.depth_top_k, self.depth_top_p)
+            any_random, any_filter = self.num_depth_random > 0, self.num_depth_filtered > 0
+        else:
+            settings = (self.temperature, self.top_k, self.top_p)
+            any_random, any_filter = self.num_random > 0, self.num_filtered > 0
+        seed = self.seed[slots] ^ (stream * 0x5851F42D)  # independent draws per codebook
+        temperature, top_k, top_p = (x[slots] for x in settings)
+        return sample_streams(
+            logits.float()[:, None, :], temperature, top_k, top_p, seed, g_next,
+            any_random=any_random, any_filter=any_filter,
+        )[:, 0]
+
+    def _sample_step(self, logits, aux_logits, given, slots, last_pos, any_random, any_filter, max_top_k, paired):
         """The per-step sampling work as one function of tensors (host facts as arguments), so
         that on CUDA it compiles into a few fused kernels."""
         pat, spec = self.pattern, self.spec
@@ -298,37 +338,45 @@ class StreamRuntime:
         known = frames >= 0
         d = self._delays
 
-        # Delay-pattern rules per (row, stream): forced token or -1 (free).
+        # Delay-pattern rules per (row, stream): forced token or -1 (free). See EndRules.
+        rules = spec.rules
+        end = frames + d + rules.eos_lag  # [R, K] step of each stream's forced EOS
         forced = torch.where(a[:, None] < d, pat.bos, -1)
-        forced = torch.where(known & (a[:, None] == frames + d), pat.eos, forced)
-        forced = torch.where(known & (a[:, None] > frames + d), pat.pad, forced)
+        forced = torch.where(known & (a[:, None] == end), pat.eos, forced)
+        forced = torch.where(known & (a[:, None] > end), pat.pad, forced)
         cap = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= self.max_frames[slots][:, None])
         forced = torch.where(cap, pat.eos, forced)
         forced = torch.where(in_audio, forced, pat.pad)  # text positions carry PAD
-        eos_ok = ~known & self._is_lead & ((a - d[0, self._lead])[:, None] >= self.min_frames[slots][:, None])
+        enough = (a - d[0, self._lead])[:, None] >= self.min_frames[slots][:, None]
+        eos_ok = (known | enough) if rules.open_vocab else (~known & self._is_lead & enough)
 
-        aux_logits = aux_logits.float()
         pairing = self._pairing(slots, g_next, real) if paired else None
-        if pairing is not None:
-            logits, aux_logits = self._guide(pairing, slots, logits, aux_logits)
-
-        # Free choices are codes; the lead stream may also end the audio (EOS).
-        special = torch.full(aux_logits.shape[:2] + (3,), float("-inf"), device=aux_logits.device)
-        special[..., pat.eos - pat.codebook_size] = torch.where(eos_ok, 0.0, float("-inf"))
-        aux_logits[..., pat.codebook_size :] += special
-        tokens = sample_streams(
-            aux_logits,
-            self.temperature[slots],
-            self.top_k[slots],
-            self.top_p[slots],
-            self.seed[slots],
-            g_next,
-            any_random=any_random,
-            any_filter=any_filter,
-            max_top_k=max_top_k,
-        )
-        if pairing is not None:
-            tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
+        if given is None:
+            aux_logits = aux_logits.float()
+            if pairing is not None:
+                logits, aux_logits = self._guide(pairing, slots, logits, aux_logits)
+            # Free choices are codes; EOS where eos_ok; BOS too with an open vocabulary.
+            C = pat.codebook_size
+            special = torch.full(aux_logits.shape[:2] + (pat.vocab_size - C,), float("-inf"), device=aux_logits.device)
+            if rules.open_vocab:
+                special[..., pat.bos - C] = 0.0
+            special[..., pat.eos - C] = torch.where(eos_ok, 0.0, float("-inf"))
+            aux_logits[..., C:] += special
+            tokens = sample_streams(
+                aux_logits,
+                self.temperature[slots],
+                self.top_k[slots],
+                self.top_p[slots],
+                self.seed[slots],
+                g_next,
+                any_random=any_random,
+                any_filter=any_filter,
+                max_top_k=max_top_k,
+            )
+            if pairing is not None:
+                tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
+        else:
+            tokens = given.to(torch.int64)
         tokens = torch.where(forced >= 0, forced, tokens)
 
         # Record the rows whose sample is real.
@@ -336,13 +384,23 @@ class StreamRuntime:
         w_idx = g_next.clamp(0, self.max_len)
         self.gen_aux[w_slot, w_idx] = tokens.to(torch.int32)
         self.n_gen.index_put_((w_slot,), g_next + 1)
-        ended = real & in_audio[:, 0] & ~known[:, 0] & (tokens[:, self._lead] == pat.eos)
-        frames_now = torch.where(ended, a - d[0, self._lead], frames[:, 0])
-        self.frames.index_put_((torch.where(ended, slots, self.scratch),), frames_now)
+        # The first EOS of any stream ends the audio (only the lead's can, unless open_vocab);
+        # with an end frame (CSM) no token ends it.
+        first_eos = in_audio[:, 0] & ~known[:, 0] & (tokens == pat.eos).any(dim=-1)
+        if rules.eos_frame is not None:
+            first_eos = torch.zeros_like(first_eos)
+        frames_now = torch.where(first_eos, a - d[0, self._lead], frames[:, 0])
+        self.frames.index_put_((torch.where(real & first_eos, slots, self.scratch),), frames_now)
 
-        # Primary stream: audio steps are <|audio|> until the flush ends, then <|audio_eos|>.
-        done = (frames_now >= 0) & (a >= frames_now + pat.max_delay + 1)
-        forced_primary = torch.where(done, spec.audio_eos_id, spec.audio_id)
+        # Primary stream: audio steps are <|audio|>, the flush token once the audio is ending,
+        # and <|audio_eos|> at the first step where every stream carries PAD (EOS, where PAD is
+        # EOS). Generic: <|audio|> ... <|audio_eos|>; Higgs: <|AUDIO_OUT|> ... delay ... <|eot_id|>.
+        ending = frames_now >= 0
+        if rules.eos_frame is None:
+            done = ending & (tokens == pat.pad).all(dim=-1)
+        else:  # CSM: a frame whose codebooks but the last all hold eos_frame is the last
+            done = (tokens[:, :-1] == rules.eos_frame).all(dim=-1)
+        forced_primary = torch.where(done, spec.audio_eos_id, torch.where(ending, spec.flush_id, spec.audio_id))
         in_audio = in_audio[:, 0]
         neg = torch.finfo(logits.dtype).min
         onehot = torch.full_like(logits, neg).scatter_(1, forced_primary[:, None], 0.0)

@@ -28,16 +28,27 @@ class DelayPattern:
 
     The stream with the smallest delay leads: its EOS fixes T, and every other stream then
     emits its own EOS at ``T + delays[k]`` (the end-of-audio flush).
+
+    The stream vocabulary is the ``codebook_size`` codes followed by BOS, EOS, PAD, unless a
+    family names its own special ids: Higgs Audio v2 has BOS 1024, EOS 1025 and no PAD (a stream
+    repeats EOS after its end, ``pad_id == eos_id``) in a 1026-token vocabulary.
     """
 
     delays: tuple[int, ...]
-    codebook_size: int
+    codebook_size: int  # codes are [0, codebook_size)
+    bos_id: int | None = None  # default codebook_size
+    eos_id: int | None = None  # default codebook_size + 1
+    pad_id: int | None = None  # default codebook_size + 2
+    vocab: int | None = None  # tokens per stream; default codebook_size + 3
 
     def __post_init__(self):
         if not self.delays or min(self.delays) < 0:
             raise ValueError(f"delays must be non-negative, got {self.delays}")
         if self.codebook_size < 1:
             raise ValueError(f"codebook_size must be positive, got {self.codebook_size}")
+        specials = (self.bos, self.eos, self.pad)
+        if min(specials) < self.codebook_size or max(specials) >= self.vocab_size or self.bos == self.eos:
+            raise ValueError(f"special ids {specials} must be distinct codes past {self.codebook_size} in a vocabulary of {self.vocab_size}")
 
     @property
     def num_streams(self) -> int:
@@ -55,19 +66,19 @@ class DelayPattern:
     # Auxiliary-stream vocabulary: codes, then BOS, EOS, PAD.
     @property
     def bos(self) -> int:
-        return self.codebook_size
+        return self.codebook_size if self.bos_id is None else self.bos_id
 
     @property
     def eos(self) -> int:
-        return self.codebook_size + 1
+        return self.codebook_size + 1 if self.eos_id is None else self.eos_id
 
     @property
     def pad(self) -> int:
-        return self.codebook_size + 2
+        return self.codebook_size + 2 if self.pad_id is None else self.pad_id
 
     @property
     def vocab_size(self) -> int:
-        return self.codebook_size + 3
+        return self.codebook_size + 3 if self.vocab is None else self.vocab
 
     def num_steps(self, num_frames: int) -> int:
         return num_frames + self.max_delay + 1
@@ -117,10 +128,38 @@ class DelayPattern:
 
 
 @dataclass(frozen=True)
+class EndRules:
+    """How a family's reference implementation ends the audio while generating.
+
+    The audio ends at the first step where a stream samples EOS; ``frames`` counts the lead
+    stream's codes before that step. Stream k is then forced to EOS at step
+    ``frames + delays[k] + eos_lag`` and to PAD after it (EOS again where PAD is EOS).
+
+    * generic (``eos_lag=0``, ``open_vocab=False``): free choices are codes, plus EOS on the lead
+      stream once ``min_frames`` are out; so only the lead stream ends the audio and the other
+      streams end exactly at their delay.
+    * Higgs Audio v2 (``eos_lag=1``, ``open_vocab=True``): its ``generate`` masks nothing where a
+      stream is free (BOS and EOS may come anywhere), any stream's EOS ends the audio, and the
+      forced EOS comes one step after a stream's delay-shifted end.
+    """
+
+    eos_lag: int = 0
+    open_vocab: bool = False
+    # CSM: no stream ends by a token; the audio ends with (and includes) the first frame whose
+    # codebooks, all but the last, hold this code (0): its primary token is audio_eos_id.
+    eos_frame: int | None = None
+
+    def __post_init__(self):
+        if self.eos_lag < 0:
+            raise ValueError(f"eos_lag must be non-negative, got {self.eos_lag}")
+
+
+@dataclass(frozen=True)
 class StreamSpec:
     """Everything about a model's streams that the engine and the model share.
 
-    Read from the ``speechctl`` section of a checkpoint's config.json.
+    Read from the ``speechctl`` section of a checkpoint's config.json (the generic family), or
+    built from a published config by the family's module (``speechctl.models.families``).
     """
 
     pattern: DelayPattern
@@ -132,10 +171,18 @@ class StreamSpec:
     audio_id: int  # an audio step (also the placeholder of audio in prompts)
     audio_eos_id: int  # audio ended; back to text
     task_ids: Mapping[str, int] = field(default_factory=dict)
+    rules: EndRules = EndRules()
+    # The primary token of audio steps once the audio is ending (Higgs: its "delay" token);
+    # default audio_id. The step where every stream has ended then takes audio_eos_id.
+    audio_flush_id: int | None = None
 
     @property
     def num_codebooks(self) -> int:
         return self.pattern.num_streams
+
+    @property
+    def flush_id(self) -> int:
+        return self.audio_id if self.audio_flush_id is None else self.audio_flush_id
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StreamSpec":

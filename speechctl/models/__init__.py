@@ -7,6 +7,9 @@ device is touched) until vLLM needs the class.
 
 ARCHITECTURES = {
     "SpeechctlMultiStreamLM": "speechctl.models.multistream:MultiStreamForCausalLM",
+    # transformers' checkpoint format of Higgs Audio v2 (see speechctl.models.families)
+    "HiggsAudioV2ForConditionalGeneration": "speechctl.models.higgs_audio_v2:HiggsAudioV2ForConditionalGeneration",
+    "CsmForConditionalGeneration": "speechctl.models.csm:CsmForConditionalGeneration",
 }
 
 

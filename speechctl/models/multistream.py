@@ -98,7 +98,9 @@ class AudioCodesParser(MultiModalDataParser):
 
 class CodesProcessingInfo(BaseProcessingInfo):
     def stream_spec(self) -> StreamSpec:
-        return StreamSpec.from_hf_config(self.ctx.model_config.hf_config)
+        from speechctl.models.families import stream_spec
+
+        return stream_spec(self.ctx.model_config.hf_config)  # by the checkpoint's family
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return {"audio": None}

@@ -15,7 +15,7 @@ import numpy as np
 from speechctl.engine.engine import StreamOutput, StreamRequest
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.streams import StreamSpec
-from speechctl.errors import EngineError
+from speechctl.errors import EngineError, InputError
 
 
 class MultiStreamPrompts:
@@ -42,7 +42,10 @@ class MultiStreamPrompts:
         min_frames: int = 1,
         guidance: Guidance = NO_GUIDANCE,
         tag: object = None,
+        voice_text: str | None = None,
     ) -> StreamRequest:
+        if voice_text is not None:
+            raise InputError("this model's prompts take no voice transcript (voice_text)")
         s = self.spec
         ids = [s.bos_id, s.task_ids["tts"]]
         items = []
@@ -92,6 +95,38 @@ class MultiStreamPrompts:
             seed=seed,
             stop_token_ids=[s.eos_id],
             allow_audio=False,
+            tag=tag,
+        )
+
+    def chat(
+        self,
+        codes: np.ndarray,
+        *,
+        reply_in_audio: bool = False,
+        text_sampling: Sampling = GREEDY,
+        audio_sampling: Sampling = GREEDY,
+        seed: int | None = None,
+        max_tokens: int = 512,
+        max_frames: int = 1000,
+        tag: object = None,
+    ) -> StreamRequest:
+        """Unified speech chat: ``<bos> <|audio_bos|> <|audio|> <|audio_eos|>`` with the user's
+        audio as codec codes; the model answers with text and/or audio segments (read them with
+        ``audio_segments(out, starts_in_audio=reply_in_audio)``) and ends with ``<eos>``.
+        ``reply_in_audio`` appends ``<|audio_bos|>``: the reply opens with speech."""
+        s = self.spec
+        ids = [s.bos_id, *self._audio_ids()] + ([s.audio_bos_id] if reply_in_audio else [])
+        return StreamRequest(
+            prompt_ids=ids,
+            audio_items=[codes],
+            max_tokens=max_tokens,
+            text=text_sampling,
+            audio=audio_sampling,
+            seed=seed,
+            stop_token_ids=[s.eos_id],
+            starts_in_audio=reply_in_audio,
+            allow_audio=True,
+            max_frames=max_frames,
             tag=tag,
         )
 

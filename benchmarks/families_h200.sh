@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Published families at real size (Higgs Audio v2 3B, CSM 1B; random weights) on the H200, vLLM 0.26 bundle staged (docs/gpu.md):
+#   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests   # the family parity suites on CUDA
+#   source .gpu/unpack.sh && bash benchmarks/families_h200.sh bench   # frames/s, speechctl beside transformers
+# Writes $OUT/families-<family>.json (frames/s at concurrency $CONC for both systems); copy them
+# to docs/benchmarks/ with the command line and record the table in docs/benchmarks/families.md.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export SPEECHCTL_CACHE=/tmp/speechctl-cache
+case "${1:-bench}" in
+  tests)
+    python3 -m pytest -q -p no:cacheprovider -rA tests/test_higgs_audio_v2.py tests/test_csm.py 2>&1 | tee "$OUT/pytest-families.log" | tail -40
+    ;;
+  bench)
+    for family in ${FAMILIES:-higgs_audio_v2 csm}; do
+      python3 -m speechctl.bench.families --family "$family" --size full --concurrency "${CONC:-1,64}" \
+        --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/families-$family.json" \
+        2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|Error|Traceback" 
+    done
+    ;;
+esac

@@ -1,0 +1,198 @@
+"""Frames/s of a published family on speechctl (vLLM) beside transformers' ``generate`` on the
+same device, at real size with random weights (speed does not depend on their values).
+
+Both sides make exactly ``frames`` audio frames per request: speechctl with
+``min_frames = max_frames``; transformers with no stop token and ``max_new_tokens`` covering the
+same frames (its per-step work does not depend on the tokens). Sampling: temperature 0.9,
+top-k 50 on both. transformers runs the whole batch as one padded ``generate`` call (equal
+prompts, so no padding waste).
+
+    python -m speechctl.bench.families --family higgs_audio_v2 --concurrency 1,64 --out out/higgs.json
+    python -m speechctl.bench.families --family csm --concurrency 1,64 --out out/csm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from speechctl.engine.params import Sampling
+from speechctl.errors import EngineError
+
+AUDIO_SAMPLING = Sampling(temperature=0.9, top_k=50)
+TEXT = "The quick brown fox jumps over the lazy dog, number {i}."
+
+
+def _higgs(tmp: Path, size: str):
+    from speechctl.models.higgs_checkpoint import HIGGS_3B, HiggsRecipe, create_higgs_checkpoint
+
+    recipe = HIGGS_3B if size == "full" else HiggsRecipe(codec=False)
+    return create_higgs_checkpoint(tmp / f"higgs-{size}", recipe), recipe.dtype
+
+
+def _csm(tmp: Path, size: str):
+    from speechctl.models.csm_checkpoint import CSM_1B, CsmRecipe, create_csm_checkpoint
+
+    recipe = CSM_1B if size == "full" else CsmRecipe()
+    return create_csm_checkpoint(tmp / f"csm-{size}", recipe), recipe.dtype
+
+
+# family -> (checkpoint maker, transformers class, extra generate() arguments)
+FAMILIES = {
+    "higgs_audio_v2": (_higgs, "HiggsAudioV2ForConditionalGeneration", {}),
+    "csm": (_csm, "CsmForConditionalGeneration", dict(
+        depth_decoder_do_sample=True, depth_decoder_temperature=AUDIO_SAMPLING.temperature,
+        depth_decoder_top_k=AUDIO_SAMPLING.top_k,
+    )),
+}
+
+
+def run_family_bench(
+    family: str = "higgs_audio_v2",
+    size: str = "full",
+    concurrencies=(1, 64),
+    frames: int = 256,
+    repeats: int = 3,
+    transformers_too: bool = True,
+    engine_overrides: dict | None = None,
+    log=print,
+) -> dict:
+    from speechctl.engine.engine import EngineConfig, SpeechEngine
+    from speechctl.models.families import family_of, read_model_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path, dtype = FAMILIES[family][0](Path(tmp), size)
+        top = max(concurrencies)
+        config = EngineConfig(
+            max_num_seqs=top,
+            max_model_len=frames + 512,
+            dtype=dtype,
+            load_format="dummy" if size == "full" else "auto",
+            **(engine_overrides or {}),
+        )
+        started = time.perf_counter()
+        engine = SpeechEngine(path, config)
+        startup = time.perf_counter() - started
+        prompts = family_of(read_model_config(path)).prompt_builder(engine.spec, engine.tokenizer)
+
+        def workload(count: int):
+            return [
+                prompts.tts(TEXT.format(i=i % 10), audio_sampling=AUDIO_SAMPLING, seed=i,
+                            max_frames=frames, min_frames=frames, tag=i)
+                for i in range(count)
+            ]
+
+        def speechctl_run(count: int) -> float:
+            reqs = workload(count)
+            start = time.perf_counter()
+            outs = list(engine.generate(reqs))
+            elapsed = time.perf_counter() - start
+            for out in outs:
+                if out.error:
+                    raise EngineError(f"benchmark request failed: {out.error}")
+            return elapsed
+
+        rows = []
+        for count in concurrencies:
+            speechctl_run(count)  # warm-up at this batch size
+            times = [speechctl_run(count) for _ in range(repeats)]
+            rows.append(_row("speechctl", count, frames, times))
+            log(rows[-1])
+        prompt_ids = workload(1)[0].prompt_ids
+        engine.shutdown()
+        if transformers_too:
+            for count in concurrencies:
+                times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
+                rows.append(_row("transformers", count, frames, times))
+                log(rows[-1])
+        return {
+            "family": family,
+            "size": size,
+            "frames_per_request": frames,
+            "config": read_model_config(path),
+            "startup_s": round(startup, 1),
+            "rows": rows,
+            "environment": _environment(),
+        }
+
+
+def _row(system: str, count: int, frames: int, times: list[float]) -> dict:
+    median = statistics.median(times)
+    return {"system": system, "concurrency": count, "seconds": [round(t, 3) for t in times],
+            "frames_per_s": round(count * frames / median, 1)}
+
+
+def _transformers_times(family, path, dtype, prompt_ids, count, frames, spec, repeats) -> list[float]:
+    """transformers' own model and ``generate``, random weights of the same shape, no stop token
+    (CSM's end frame, 31 zero codes, does not come from random weights)."""
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    _, class_name, extra = FAMILIES[family]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = AutoConfig.from_pretrained(path)
+    model = getattr(transformers, class_name)(config).to(device, getattr(torch, dtype)).eval()
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt_ids] * count, device=device)
+    # the steps speechctl runs for `frames` frames: Higgs adds its BOS frame and the flush
+    steps = frames + (spec.num_codebooks + 2 if family == "higgs_audio_v2" else 1)
+
+    def once(new_tokens: int) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                           do_sample=True, temperature=AUDIO_SAMPLING.temperature, top_k=AUDIO_SAMPLING.top_k,
+                           pad_token_id=spec.pad_id, **extra)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    once(8)  # warm-up
+    times = [once(steps) for _ in range(repeats)]
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return times
+
+
+def _environment() -> dict:
+    import torch
+    import transformers
+    import vllm
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
+            "vllm": vllm.__version__, "python": platform.python_version()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="higgs_audio_v2", choices=sorted(FAMILIES))
+    parser.add_argument("--size", default="full", choices=["full", "tiny"])
+    parser.add_argument("--concurrency", default="1,64")
+    parser.add_argument("--frames", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    result = run_family_bench(
+        args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
+        args.repeats, transformers_too=not args.no_transformers,
+    )
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""CSM (Sesame's Conversational Speech Model) for vLLM, loading transformers' checkpoint format
+(``CsmForConditionalGeneration``, as published at sesame/csm-1b).
+
+What transformers' model and its ``generate`` do, and so what this file reproduces:
+
+* **Backbone**: a Llama decoder (``backbone_model``) over frames. A text position is its text
+  embedding (``embed_text_tokens``) only; an audio position is the **sum of its K codebook
+  embeddings** (``backbone_model.embed_tokens.embed_audio_tokens``, codebook k's rows at
+  k*V..k*V+V-1) only. In prompts, ``<|AUDIO|>`` marks a frame of a context turn's audio and
+  ``<|audio_eos|>`` the end frame after it (all K codes ``codebook_eos_token_id`` = 0); every
+  generated position is a frame.
+* **Codebook 0**: ``lm_head`` [V, H] on the backbone's last (normed) hidden state.
+* **Codebooks 1..K-1**: the **depth decoder**, a small Llama with its own RoPE positions 0..K:
+  position 0 is the backbone hidden state, position k >= 1 the embedding of codebook k-1's token
+  (``depth_decoder.model.embed_tokens``: its own table, as transformers loads it; the
+  backbone's when a checkpoint leaves it out), all projected by ``inputs_embeds_projector``; ``codebooks_head.weight[k-1]`` [H_d, V] reads codebook
+  k from position k. transformers runs it as a nested ``generate`` with its own sampling settings
+  (``depth_decoder_*``); here it is one batched pass per step for all rows in ``compute_logits``
+  (prefill of positions 0-1, then one position per codebook against a per-step KV cache), each
+  codebook sampled on the device by the stream runtime (``sample_codebook``, its depth settings).
+  Every head samples over its whole vocabulary (V = 2051; nothing is masked).
+* **End**: the first frame whose codebooks 0..K-2 are all 0 ends the request and is part of the
+  output; the primary stream is ``<|AUDIO|>`` per frame and ``<|audio_eos|>`` at that frame
+  (``EndRules(eos_frame=0)``). The audio read back stops before the first frame of K zeros.
+* The Mimi codec lives in the same checkpoint (``codec_model.*``); ``speechctl.codecs.mimi``
+  loads it, this file skips it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.models.interfaces import SupportsMultiModal
+from vllm.model_executor.models.llama import LlamaModel
+from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
+from vllm.multimodal import MULTIMODAL_REGISTRY
+
+from speechctl.engine.state import StreamRuntime
+from speechctl.models.families import csm_spec
+from speechctl.models.higgs_audio_v2 import AudioCodebookEmbedding
+from speechctl.models.multistream import (
+    AUDIO_PLACEHOLDER,
+    CodesDummyInputsBuilder,
+    CodesProcessingInfo,
+    CodesProcessor,
+)
+
+
+class _DepthAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        H = config.hidden_size
+        self.q_proj = nn.Linear(H, self.heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=config.attention_bias)
+
+    def forward(self, x, positions, rotary, cache: tuple[torch.Tensor, torch.Tensor], start: int):
+        """x [R, n, H] at positions start..start+n-1; cache (k, v) [R, kv_heads, K+1, head_dim]."""
+        R, n, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = rotary(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
+        q = q.view(R, n, self.heads, self.head_dim).transpose(1, 2)
+        k_cache, v_cache = cache
+        k_cache[:, :, start : start + n] = k.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v_cache[:, :, start : start + n] = v.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        groups = self.heads // self.kv_heads
+        keys = k_cache[:, :, : start + n].repeat_interleave(groups, dim=1)
+        values = v_cache[:, :, : start + n].repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1)  # n > 1 only at start 0
+        return self.o_proj(out.transpose(1, 2).reshape(R, n, -1))
+
+
+class _DepthMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        H, I = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(H, I, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(H, I, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(I, H, bias=config.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _DepthLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self_attn = _DepthAttention(config)
+        self.mlp = _DepthMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, cache, start):
+        x = x + self.self_attn(_norm(self.input_layernorm, x), positions, rotary, cache, start)
+        return x + self.mlp(_norm(self.post_attention_layernorm, x))
+
+
+def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """vLLM's RMSNorm kernels take [tokens, hidden]."""
+    return norm(x.reshape(-1, x.shape[-1])).view(x.shape)
+
+
+class _DepthModel(nn.Module):
+    def __init__(self, config, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.embed_tokens = embed_tokens  # [K*V, H_backbone]
+        self.inputs_embeds_projector = nn.Linear(config.backbone_hidden_size, config.hidden_size, bias=False)
+        self.layers = nn.ModuleList([_DepthLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class _CodebooksHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.num_codebooks - 1, config.hidden_size, config.vocab_size))
+
+
+class CsmDepthDecoder(nn.Module):
+    """transformers' ``CsmDepthDecoderForCausalLM``, decoding one frame for every row at once."""
+
+    def __init__(self, config, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.config = config
+        self.model = _DepthModel(config, embed_tokens)
+        self.codebooks_head = _CodebooksHead(config)
+        self.rotary_emb = get_rope(
+            config.head_dim,
+            max_position=config.max_position_embeddings,
+            rope_parameters=getattr(config, "rope_parameters", None),
+            is_neox_style=True,
+        )
+
+    def _run(self, x: torch.Tensor, start: int, caches) -> torch.Tensor:
+        """[R, n, H_backbone] inputs at positions start.. -> [R, H_d] last position's hidden."""
+        R, n, _ = x.shape
+        positions = torch.arange(start, start + n, device=x.device).repeat(R)
+        h = self.model.inputs_embeds_projector(x)
+        for layer, cache in zip(self.model.layers, caches):
+            h = layer(h, positions, self.rotary_emb, cache, start)
+        return self.model.norm(h[:, -1])
+
+    def decode_frame(self, hidden: torch.Tensor, first: torch.Tensor, sample) -> torch.Tensor:
+        """hidden [R, H_backbone] (the backbone's, which gave codebook 0), first [R] codebook 0
+        -> [R, K] the frame; ``sample(logits [R, V], k)`` picks codebook k."""
+        K, V = self.config.num_codebooks, self.config.vocab_size
+        R = hidden.shape[0]
+        shape = (R, self.config.num_key_value_heads, K + 1, self.config.head_dim)
+        caches = [(hidden.new_empty(shape), hidden.new_empty(shape)) for _ in self.model.layers]
+        embed = self.model.embed_tokens
+        x = torch.stack([hidden, embed(first).to(hidden.dtype)], dim=1)  # positions 0, 1
+        tokens = [first]
+        for k in range(1, K):
+            h = self._run(x, 0 if k == 1 else k, caches)
+            tokens.append(sample(h @ self.codebooks_head.weight[k - 1], k))
+            x = embed(tokens[-1] + k * V)[:, None].to(hidden.dtype)  # codebook k at position k + 1
+        return torch.stack(tokens, dim=1)
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
+)
+class CsmForConditionalGeneration(nn.Module, SupportsMultiModal):
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
+    @classmethod
+    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
+        return AUDIO_PLACEHOLDER if modality.startswith("audio") else None
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config  # vocab_size: the text vocabulary (hf_overrides)
+        self.config = config
+        self.spec = csm_spec(config.to_dict())
+        depth_config = config.depth_decoder_config
+        K, V = config.num_codebooks, depth_config.vocab_size
+        self.codebook_vocab = V
+        self.backbone_model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "backbone_model"))
+        # LlamaModel built a text-vocabulary table: it is CSM's text embedding; the backbone's
+        # own embed_tokens are the codebook tables.
+        self.embed_text_tokens = self.backbone_model.embed_tokens
+        self.backbone_model.embed_tokens = AudioCodebookEmbedding(K, V, config.hidden_size)
+        self.lm_head = nn.Linear(config.hidden_size, V, bias=False)
+        self.depth_decoder = CsmDepthDecoder(depth_config, nn.Embedding(K * V, config.hidden_size))
+        self.stream_runtime = StreamRuntime(
+            self.spec,
+            max_rows=vllm_config.scheduler_config.max_num_seqs,
+            max_len=vllm_config.model_config.max_model_len,
+            device=self.lm_head.weight.device,
+        )
+        self.make_empty_intermediate_tensors = self.backbone_model.make_empty_intermediate_tensors
+
+    def get_language_model(self) -> nn.Module:
+        return self.backbone_model
+
+    def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
+        """Context turns: [K, T + 1] steps per item (T frames, then the layout's end step, which
+        is CSM's end frame of zeros) -> [T + 1, H]."""
+        steps = kwargs.get("audio_steps")
+        if steps is None:
+            return []
+        if isinstance(steps, torch.Tensor):
+            steps = list(steps.unbind(0))
+        out = []
+        for item in steps:
+            frames = item.to(self.lm_head.weight.device, torch.int64).T.clone()
+            frames[-1] = self.spec.rules.eos_frame
+            out.append(self.backbone_model.embed_tokens(frames))
+        return out
+
+    def embed_input_ids(
+        self,
+        input_ids: torch.Tensor,
+        multimodal_embeddings=None,
+        *,
+        is_multimodal: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """[n] scheduled text ids -> [n, H]: text embedding at text positions, the frame's summed
+        codebook embeddings at audio positions (generated frames from the stream runtime,
+        context audio from the multimodal items)."""
+        aux = self.stream_runtime.input_streams(input_ids)  # [n, K]
+        is_audio = (input_ids == self.spec.audio_id) | (input_ids == self.spec.audio_eos_id)
+        text = self.embed_text_tokens(input_ids)
+        emb = torch.where(is_audio[:, None], self.backbone_model.embed_tokens(aux).to(text.dtype), text)
+        if multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None:
+            mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
+            mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
+            emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
+        return emb
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        return self.backbone_model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """Codebook 0 from ``lm_head``, 1..K-1 from the depth decoder, each sampled on the device;
+        the primary logits start empty (no text head) and the runtime makes them one-hot."""
+        runtime = self.stream_runtime
+        first = runtime.sample_codebook(self.lm_head(hidden_states), 0)
+        frame = self.depth_decoder.decode_frame(
+            hidden_states, first, lambda logits, k: runtime.sample_codebook(logits, k, depth=True)
+        )
+        logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)
+        return runtime.sample(logits, tokens=frame)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        # transformers keeps the depth decoder's codebook table apart from the backbone's
+        # (``tie_codebooks_embeddings`` ties nothing while ``tie_word_embeddings`` is off); a
+        # checkpoint saved with them tied may leave it out: then it is the backbone's.
+        weights = ((n, w) for n, w in weights if not n.startswith("codec_model."))  # speechctl.codecs.mimi
+        loaded = AutoWeightsLoader(self).load_weights(weights)
+        depth_table = "depth_decoder.model.embed_tokens.weight"
+        if depth_table not in loaded:
+            backbone = self.backbone_model.embed_tokens.embed_audio_tokens.weight
+            self.depth_decoder.model.embed_tokens.weight.data.copy_(backbone.data)
+            loaded.add(depth_table)
+        return loaded
