@@ -14,11 +14,12 @@ VLLM_CUDA_SPEC ?= vllm==0.26.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PYTEST_ARGS ?=
 
-.PHONY: install test clean
+.PHONY: install test clean portaudio
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
+	@$(MAKE) --no-print-directory portaudio
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 ifeq ($(HAS_CUDA),yes)
@@ -32,6 +33,23 @@ ifneq ($(HAS_CUDA),yes)
 endif
 	$(PY) -c "import vllm, transformers, speechctl; print('vllm', vllm.__version__, '/ transformers', transformers.__version__)"
 	touch $@
+
+# PortAudio for live audio (sounddevice): Debian's libportaudio2, installed when apt is there and
+# we are root (CI); otherwise a note. Never fails: everything but the live microphone/speaker works
+# without it.
+portaudio:
+	@if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "note: no apt here; for live audio install the PortAudio library yourself"; \
+	elif dpkg-query -W -f='$${Status}' libportaudio2 2>/dev/null | grep -q "ok installed"; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing libportaudio2 (live audio)"; \
+		(apt-get install -y -q libportaudio2 >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libportaudio2 >/dev/null 2>&1)) || \
+		echo "note: could not install libportaudio2; live audio will not work"; \
+	else \
+		echo "note: live audio needs PortAudio: sudo apt-get install libportaudio2"; \
+	fi
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

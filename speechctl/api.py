@@ -4,6 +4,7 @@
     speech = Speech()                      # the embedded "tiny" model; Speech("path/to/ckpt")
     result = speech.tts("Hello world")     # TtsResult: .audio (float32), .sample_rate, .codes
     for r in speech.run(jobs): ...         # many TTS/ASR jobs through one continuously batched engine
+    for c in speech.stream_tts("Hi"): ...  # TtsChunk: audio pieces as they are generated
     asr = load_asr()                       # ASR with real weights: Whisper tiny.en (speechctl.asr)
 """
 
@@ -30,6 +31,7 @@ class TtsJob:
     id: str
     text: str
     voice: np.ndarray | None = None  # reference waveform at the codec's sample rate
+    voice_text: str | None = None  # its transcript (Higgs Audio v2 prompts use it)
     text_sampling: Sampling = DEFAULT_TEXT
     audio_sampling: Sampling = DEFAULT_AUDIO
     seed: int | None = None
@@ -72,6 +74,20 @@ class TtsResult:
 
 
 @dataclass
+class TtsChunk:
+    """A piece of a streamed TTS result (``Speech.stream_tts``): samples ``start`` ..
+    ``start + len(audio)`` of the job's waveform. The job's last chunk has ``last`` set (its audio
+    may be empty); a failed job's last chunk carries ``error``."""
+
+    id: str
+    audio: np.ndarray  # float32
+    sample_rate: int
+    start: int = 0
+    last: bool = False
+    error: str | None = None
+
+
+@dataclass
 class AsrResult:
     id: str
     text: str | None
@@ -98,11 +114,12 @@ class Speech:
         from speechctl.codecs import load_codec
         from speechctl.engine.engine import SpeechEngine
         from speechctl.models.catalog import codec_dir, resolve_model
-        from speechctl.models.prompts import MultiStreamPrompts
+        from speechctl.models.families import family_of, read_model_config
 
         self.model_dir = resolve_model(str(model) if model is not None else None)
         self.engine = SpeechEngine(self.model_dir, engine_config)
-        self.prompts = MultiStreamPrompts(self.engine.spec, self.engine.tokenizer)
+        family = family_of(read_model_config(self.model_dir))  # the prompt format of its architecture
+        self.prompts = family.prompt_builder(self.engine.spec, self.engine.tokenizer)
         device = device or ("cuda" if _has_cuda() else "cpu")
         self.codec = load_codec(codec_dir(self.model_dir), device=device)
 
@@ -138,6 +155,25 @@ class Speech:
         while failed:
             yield failed.popleft()
 
+    def stream_tts(self, jobs: Iterable[TtsJob] | str, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32, **options) -> Iterator[TtsChunk]:
+        """Stream TTS: yield ``TtsChunk``s as the codec decodes them, while the audio is still
+        being generated (jobs batched together; a string is one job with ``options``). A job's
+        chunks concatenate to its ``run`` result (same codes; samples equal up to float rounding).
+        Chunks are ``first_chunk`` frames, then ``growth`` times larger up to ``max_chunk``; see
+        ``speechctl.codecs.streaming``."""
+        from speechctl.pipeline.streamer import SpeechStreamer
+
+        if isinstance(jobs, str):
+            jobs = [TtsJob(id="text", text=jobs, **options)]
+        streamer = SpeechStreamer(self, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
+        for job in jobs:
+            streamer.submit(job)
+        try:
+            while streamer.busy():
+                yield from (e for e in streamer.step() if isinstance(e, TtsChunk))
+        finally:  # the caller stopped early: leave nothing running in the engine
+            streamer.cancel()
+
     def _requests(self, jobs: Iterator[Job], failed: deque) -> Iterator:
         while True:
             chunk = [job for _, job in zip(range(ENCODE_CHUNK), jobs)]
@@ -167,6 +203,7 @@ class Speech:
                 max_frames=max(1, math.ceil(job.max_seconds * self.codec.frame_rate)),
                 guidance=job.guidance,
                 tag=job,
+                **({"voice_text": job.voice_text} if job.voice_text is not None else {}),
             )
         return self.prompts.asr(
             codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=job
@@ -233,4 +270,4 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-__all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "AsrResult", "InputError"]
+__all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "TtsChunk", "AsrResult", "InputError"]

@@ -12,7 +12,8 @@ COMMANDS = {
     "asr": ("speechctl.cli.asr", "Transcribe audio files."),
     "batch": ("speechctl.cli.batch", "Run a JSONL manifest of TTS/ASR items with continuous batching."),
     "models": ("speechctl.cli.models", "List models, or describe one."),
-    "bench": ("speechctl.cli.bench", "Measure throughput ratios (CFG vs no CFG)."),
+    "chat": ("speechctl.cli.chat", "Talk with a speech pipeline (mic -> ASR -> LM -> TTS -> speaker), or answer a recording."),
+    "bench": ("speechctl.cli.bench", "Benchmarks: CFG throughput (--cfg), streaming latency (--stream)."),
 }
 
 

@@ -8,7 +8,11 @@ from speechctl.cli.options import quiet_libraries, user_errors
 
 
 @click.command("bench")
-@click.option("--cfg", "cfg", is_flag=True, required=True, help="CFG vs no-CFG throughput (the benchmark available now).")
+@click.option("--cfg", "cfg", is_flag=True, help="CFG vs no-CFG throughput.")
+@click.option("--stream", "stream", is_flag=True, help="Time to first audio and chat-turn latency, streaming vs one-shot.")
+@click.option("--no-turn", is_flag=True, help="--stream: TTS only, skip the chat turn (Whisper + response LM).")
+@click.option("--asr-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's Whisper (default whisper-tiny.en).")
+@click.option("--lm-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's response LM (default tiny-lm).")
 @click.option("--shape", type=click.Choice(["tiny", "llama-1b", "higgs-3b"]), default="tiny", show_default=True, help="Model shape (random weights).")
 @click.option("--concurrency", default="1,4", show_default=True, help="Comma-separated concurrencies (requests, or pairs with CFG).")
 @click.option("--frames", type=click.IntRange(1), default=64, show_default=True, help="Audio frames per request (fixed).")
@@ -18,13 +22,26 @@ from speechctl.cli.options import quiet_libraries, user_errors
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, shape, concurrency, frames, repeats, scale, out, plot, verbose):
-    """Measure throughput side by side in one run and print the ratios."""
+def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, out, plot, verbose):
+    """Measure side by side in one run and print the ratios: --cfg or --stream."""
     from speechctl.audio import write_json_atomic
     from speechctl.bench.cfg import plot_cfg, run_cfg_bench
+    from speechctl.errors import InputError
 
     quiet_libraries(verbose)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    if cfg == stream:
+        raise InputError("choose one benchmark: --cfg or --stream")
+    if stream:
+        from speechctl.bench.stream import run_stream_bench
+
+        result = run_stream_bench(
+            shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, log=lambda line: click.echo(line, err=True)
+        )
+        if out:
+            write_json_atomic(out, result)
+        click.echo(json.dumps({"tts": result["tts"], "turn": result["turn"]}, indent=2))
+        return
     result = run_cfg_bench(shape, levels, frames, repeats, scale, log=lambda line: click.echo(line, err=True))
     if out:
         write_json_atomic(out, result)

@@ -9,22 +9,31 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 
 @click.command("tts")
 @click.argument("text")
-@click.option("-o", "--output", required=True, metavar="FILE|-", help="Where to write the audio; - for stdout.")
+@click.option("-o", "--output", metavar="FILE|-", help="Where to write the audio; - for stdout. With --stream and no -o: play it.")
+@click.option("--stream", is_flag=True, help="Emit audio chunk by chunk while it is generated (to the speaker without -o).")
+@click.option("--raw", is_flag=True, help="With --stream -o -: raw 16-bit PCM (s16le, mono), no wav header.")
+@click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="With --stream: frames in the first chunk (later chunks double, up to 32).")
 @click.option("--voice", metavar="WAV", help="Reference audio of the voice to use.")
 @click.option("--format", "fmt", type=click.Choice(["wav", "flac"]), default=None, help="Audio format (default: from the file name, else wav).")
 @click.option("--max-seconds", type=click.FloatRange(0, min_open=True), default=20.0, show_default=True, help="Longest audio to generate.")
 @sampling_options
 @engine_options
 @user_errors
-def command(text, output, voice, fmt, max_seconds, sampling, engine):
-    """Speak TEXT (or - to read it from stdin) and write the audio to FILE."""
+def command(text, output, voice, fmt, max_seconds, stream, raw, first_chunk, sampling, engine):
+    """Speak TEXT (or - to read it from stdin) and write the audio to FILE, or stream it."""
     from speechctl.audio import read_audio, resolve_audio_format, write_audio
     from speechctl.errors import InputError
 
+    if output is None and not stream:
+        raise InputError("no output: give -o FILE (- for stdout), or --stream to play on the speaker")
+    if raw and not (stream and output == "-"):
+        raise InputError("--raw is for streaming to stdout: --stream -o - --raw")
     if text == "-":
         text = sys.stdin.read()
     if not text.strip():
         raise InputError("empty text: nothing to speak")
+    if stream:
+        return _stream(text, output, voice, fmt, max_seconds, raw, first_chunk, sampling, engine)
     fmt = resolve_audio_format(output, fmt)
     voice_wav = read_audio(voice, engine.sample_rate()) if voice else None  # before the model loads
     speech = engine.speech()
@@ -32,3 +41,36 @@ def command(text, output, voice, fmt, max_seconds, sampling, engine):
     write_audio(output, result.audio, result.sample_rate, fmt)
     if output != "-":
         click.echo(f"{output}: {result.duration:.2f} s of audio at {result.sample_rate} Hz", err=True)
+
+
+def _stream(text, output, voice, fmt, max_seconds, raw, first_chunk, sampling, engine):
+    """Chunks go out as the codec decodes them (speechctl.api.Speech.stream_tts)."""
+    import time
+
+    from speechctl.audio import read_audio, resolve_audio_format
+    from speechctl.audio.wavstream import open_sink
+    from speechctl.errors import EngineError
+
+    fmt = "wav" if output is None or (output == "-" and raw) else resolve_audio_format(output, fmt)
+    rate = engine.sample_rate()
+    voice_wav = read_audio(voice, rate) if voice else None  # before the model loads
+    sink = open_sink(output, rate, fmt, raw)  # no speaker / bad path: fail before the model loads
+    interrupted = False
+    try:
+        speech = engine.speech()
+        started = time.perf_counter()
+        options = dict(voice=voice_wav, max_seconds=max_seconds, **sampling.job_options())
+        for chunk in speech.stream_tts(text, first_chunk=first_chunk, **options):
+            if chunk.error:
+                raise EngineError(chunk.error)
+            sink.write(chunk.audio)
+    except KeyboardInterrupt:  # Ctrl-C: stop playing at once, no traceback
+        interrupted = True
+    finally:
+        getattr(sink, "abort", sink.close)() if interrupted else sink.close()
+    if interrupted:
+        click.echo("stopped", err=True)
+    elif output != "-":
+        first = "" if sink.first_audio is None else f"; first audio after {sink.first_audio - started:.2f} s"
+        where = output or "speaker"
+        click.echo(f"{where}: {sink.samples / rate:.2f} s of audio at {rate} Hz{first}", err=True)

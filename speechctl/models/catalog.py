@@ -8,12 +8,14 @@ from pathlib import Path
 from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN
 from speechctl.errors import ModelError
 from speechctl.models import ARCHITECTURES
+from speechctl.models.text_lm import TINY_LM, TINY_LM_DESCRIPTION
 
 DEFAULT_MODEL = "tiny"
 BUILTIN = {
     "tiny": "random weights from a fixed seed: a 2-layer Llama, 4 DAC codebooks at 50 frames/s; "
     "exercises the whole pipeline but does not speak",
     **WHISPER_BUILTIN,  # real ASR weights, run by speechctl/asr/ (not a speech LM)
+    TINY_LM: TINY_LM_DESCRIPTION,  # a text LM: the response stage of `speechctl chat`
 }
 
 
@@ -22,6 +24,8 @@ def resolve_model(name: str | None) -> Path:
     name = name or DEFAULT_MODEL
     if name in WHISPER_BUILTIN:
         raise ModelError(f"{name} is a Whisper ASR model: it runs `speechctl asr` and ASR batch items, not TTS")
+    if name == TINY_LM:
+        raise ModelError(f"{name} is a text LM: it answers in `speechctl chat` (--lm-model), it does not speak")
     if name == "tiny":
         from speechctl.models.tiny import ensure_tiny
 
@@ -50,14 +54,29 @@ def read_config(path: Path) -> dict:
 
 
 def codec_dir(path: Path) -> Path:
-    return path / read_config(path).get("speechctl", {}).get("codec", "codec")
+    """Where the model's codec checkpoint lives: the generic family names it in config.json;
+    a published family's first subdirectory that exists (Higgs: audio_tokenizer/, codec/), or
+    the local directory its processor_config.json points to."""
+    from speechctl.models.families import family_of
+
+    config = read_config(path)
+    if "speechctl" in config:
+        return path / config["speechctl"].get("codec", "codec")
+    candidates = [path / d for d in family_of(config).codec_dirs]
+    processor = path / "processor_config.json"
+    if processor.is_file():
+        tokenizer = json.loads(processor.read_text()).get("audio_tokenizer") or {}
+        candidates.append(Path(tokenizer.get("audio_tokenizer_name_or_path") or path / "none").expanduser())
+    return next((c for c in candidates if (c / "config.json").is_file()), candidates[0])
 
 
 def codec_sample_rate(path: Path) -> int:
     """The waveform rate the model's codec takes, read from its config (no model load)."""
     config_file = codec_dir(path) / "config.json"
     try:
-        return int(json.loads(config_file.read_text())["sampling_rate"])
+        config = json.loads(config_file.read_text())
+        config = config.get("codec_config") or config  # CSM: the codec's config inside the model's
+        return int(config.get("sampling_rate") or config["sample_rate"])  # DAC, Mimi / Higgs tokenizer
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"{config_file}: no usable codec config ({e})") from None
 
@@ -68,32 +87,45 @@ def describe_model(name: str | None) -> dict:
 
     if name is not None and is_whisper(name):
         return describe_whisper(name)
+    if name == TINY_LM:
+        from speechctl.models.text_lm import describe_text_lm
+
+        return describe_text_lm(name)
+    from speechctl.models.families import family_of
+
     path = resolve_model(name)
     config = read_config(path)
-    streams = config.get("speechctl", {})
+    family = family_of(config)
+    pattern = family.spec(config).pattern
     info = {
         "name": name or DEFAULT_MODEL,
         "path": str(path),
         "architecture": config["architectures"][0],
+        "family": family.name,
         "backbone": config.get("model_type"),
         "layers": config.get("num_hidden_layers"),
         "hidden_size": config.get("hidden_size"),
         "heads": f"{config.get('num_attention_heads')}/{config.get('num_key_value_heads')}",
-        "text_vocab": config.get("vocab_size"),
-        "codebooks": len(streams.get("delays", [])),
-        "codebook_size": streams.get("codebook_size"),
-        "delays": streams.get("delays"),
+        "text_vocab": config.get("text_vocab_size") or config.get("vocab_size"),  # CSM: vocab_size is a codebook's
+        "codebooks": pattern.num_streams,
+        "codebook_size": pattern.codebook_size,
+        "delays": list(pattern.delays),
         "dtype": config.get("dtype") or config.get("torch_dtype"),
     }
     codec_config = codec_dir(path) / "config.json"
     if codec_config.is_file():
         codec = json.loads(codec_config.read_text())
+        codec = codec.get("codec_config") or codec  # CSM: the codec's config inside the model's
         info["codec"] = codec.get("model_type")
-        info["sample_rate"] = codec.get("sampling_rate")
+        info["sample_rate"] = codec.get("sampling_rate") or codec.get("sample_rate")
     if info["name"] in BUILTIN:
         info["description"] = BUILTIN[info["name"]]
     return info
 
 
 def list_models() -> list[dict]:
-    return [{"name": name, "description": text} for name, text in BUILTIN.items()]
+    """Built-in names, then the architectures a checkpoint directory may have (--model DIR)."""
+    from speechctl.models.families import FAMILIES
+
+    builtin = [{"name": name, "description": text} for name, text in BUILTIN.items()]
+    return builtin + [{"name": f"DIR: {arch}", "description": f.description} for arch, f in FAMILIES.items()]

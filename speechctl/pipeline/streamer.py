@@ -1,0 +1,174 @@
+"""Drive a :class:`speechctl.api.Speech` engine step by step and stream what its requests say.
+
+    streamer = SpeechStreamer(speech, first_chunk=2)
+    streamer.submit(TtsJob(id="a", text="Hello"))       # or submit_request(id, StreamRequest)
+    while streamer.busy():
+        for event in streamer.step():                    # one engine step
+            ...  # TtsChunk(id, audio, sample_rate, start, last, error) | TextPiece(id, text)
+
+Requests run as ``stream`` requests: every engine step reports their new tokens on all streams;
+:class:`speechctl.models.audio_stream.AudioStreamReader` turns them into code frames as soon as
+each frame is complete on every stream, and one :class:`StreamingDecoder` decodes the ready
+chunks of all requests in one batched codec call per step. So a request's chunks concatenate to
+what ``Speech.run`` returns for it, while its first audio comes a few steps after it started.
+Stepping is cooperative (the caller calls ``step``), so several engines can share a thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speechctl.codecs.streaming import StreamingDecoder
+from speechctl.errors import EngineError, SpeechctlError
+from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
+
+
+@dataclass
+class TextPiece:
+    """New text of a request's reply (unified speech LMs answer in text and audio)."""
+
+    id: str
+    text: str
+
+
+@dataclass(eq=False)
+class _Live:
+    """A request in flight (also its tag in the engine: compared by identity)."""
+
+    id: str
+    reader: AudioStreamReader
+    text_ids: list[int] = field(default_factory=list)
+    text_sent: int = 0  # characters of the decoded text already reported
+    samples: int = 0  # audio samples reported so far (all segments)
+    open_segment: int | None = None  # the segment being decoded (decoder key (id, segment))
+
+
+class SpeechStreamer:
+    """Streaming TTS (and unified speech replies) on one ``Speech`` (see module doc)."""
+
+    def __init__(self, speech, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32):
+        self.speech = speech
+        self.engine = speech.engine
+        self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
+        self._live: dict[str, _Live] = {}
+        self._failed: list = []
+
+    @property
+    def sample_rate(self) -> int:
+        return self.speech.sample_rate
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def submit(self, job) -> None:
+        """A ``TtsJob``: validated, its voice prompt encoded, queued in the engine."""
+        from speechctl.api import _validate
+
+        error = _validate(job)
+        if error:
+            self._failed.append(self._chunk(job.id, error=error))
+            return
+        codes = self.speech.codec.encode([job.voice])[0] if job.voice is not None else None
+        self.submit_request(job.id, self.speech._request(job, codes))
+
+    def submit_request(self, id: str, request) -> None:
+        """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
+        if id in self._live:
+            raise SpeechctlError(f"{id}: a request with this id is already running")
+        live = _Live(id, AudioStreamReader(self.engine.spec, request.starts_in_audio))
+        self._live[id] = live
+        self.engine.submit(dataclasses.replace(request, stream=True, tag=live))
+
+    def cancel(self, ids=None) -> None:
+        """Stop requests (all by default) now: aborted in the engine, their audio dropped."""
+        chosen = [self._live[i] for i in (list(self._live) if ids is None else ids) if i in self._live]
+        if chosen:
+            self.engine.abort(chosen)
+        for live in chosen:
+            if live.open_segment is not None:
+                self.decoder.cancel((live.id, live.open_segment))
+            del self._live[live.id]
+
+    def busy(self) -> bool:
+        return bool(self._live or self._failed)
+
+    # -- stepping -------------------------------------------------------------------------------
+
+    def step(self) -> list:
+        """One engine step; returns ``TtsChunk``s and ``TextPiece``s in the order they happened
+        per request. A request ends with a ``TtsChunk`` whose ``last`` is set (empty audio; its
+        ``error`` is set if it failed)."""
+        events, self._failed = self._failed, []
+        outputs = self.engine.step() if self._live else []
+        frames: dict = {}
+        ended: list = []
+        finished: list[_Live] = []
+        for out in outputs:
+            live = out.tag
+            if not isinstance(live, _Live) or self._live.get(live.id) is not live:
+                continue  # cancelled meanwhile
+            if out.error:
+                self._fail(live, f"{live.id}: {out.error}", events)
+                continue
+            try:
+                for event in live.reader.feed(out.token_ids, out.aux):
+                    if isinstance(event, TextEvent):
+                        live.text_ids += event.token_ids
+                    else:
+                        self._audio(live, event, frames, ended)
+                if out.finished:
+                    live.reader.finish()
+            except EngineError as e:
+                self._fail(live, f"{live.id}: {e}", events)
+                continue
+            text = self._new_text(live)
+            if text:
+                events.append(TextPiece(live.id, text))
+            if out.finished:
+                finished.append(live)
+        for key in [k for k in frames if k[0] not in self._live]:  # failed in this step
+            del frames[key]
+        ended = [k for k in ended if k[0] in self._live]
+        for chunk in self.decoder.step(frames, ended):
+            live = self._live.get(chunk.key[0])
+            if live is not None and len(chunk.audio):
+                events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
+                live.samples += len(chunk.audio)
+        for live in finished:  # all its audio was decoded above: close it with an empty chunk
+            del self._live[live.id]
+            events.append(self._chunk(live.id, start=live.samples, last=True))
+        return events
+
+    def _audio(self, live: _Live, event: AudioEvent, frames: dict, ended: list) -> None:
+        key = (live.id, event.segment)
+        live.open_segment = None if event.ended else event.segment
+        if event.frames.shape[1]:
+            frames[key] = np.concatenate([frames[key], event.frames], axis=1) if key in frames else event.frames
+        elif key not in frames:
+            frames[key] = event.frames
+        if event.ended:
+            ended.append(key)
+
+    def _new_text(self, live: _Live) -> str:
+        if not live.text_ids:
+            return ""
+        text = self.speech.prompts.tokenizer.decode(live.text_ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # a multi-byte character not complete yet
+            text = text.rstrip("\ufffd")
+        new, live.text_sent = text[live.text_sent :], max(live.text_sent, len(text))
+        return new
+
+    def _fail(self, live: _Live, error: str, events: list) -> None:
+        self.engine.abort([live])  # (a no-op for a request that has finished)
+        if live.open_segment is not None:
+            self.decoder.cancel((live.id, live.open_segment))
+        self._live.pop(live.id, None)
+        events.append(self._chunk(live.id, error=error))
+
+    def _chunk(self, id: str, audio: np.ndarray | None = None, start: int = 0, last: bool = True, error: str | None = None):
+        from speechctl.api import TtsChunk
+
+        audio = np.zeros(0, np.float32) if audio is None else audio
+        return TtsChunk(id, audio, self.sample_rate, start, last, error)
