@@ -121,3 +121,12 @@ def test_llama_model_takes_a_layer_type():
     assert list(inspect.signature(LlamaDecoderLayer.forward).parameters) == ["self", "positions", "hidden_states", "residual"]
     assert "positions, hidden_states, residual" in inspect.getsource(LlamaModel.forward)
     assert hasattr(LlamaDecoderLayer, "get_quant_config")
+
+
+def test_runner_names_its_cuda_graph_batch_sizes():
+    """speechctl's per-step graphs bucket batches like vLLM's captured forward
+    (vllm_compat.cudagraph_batch_sizes): the runner keeps the sorted sizes, empty when off."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    init = inspect.getsource(GPUModelRunner.__init__)
+    assert "self.cudagraph_batch_sizes = sorted(" in init and "self.cudagraph_batch_sizes = []" in init

@@ -27,61 +27,15 @@ def run_cfg_bench(
     engine_overrides: dict | None = None,
     log=print,
 ) -> dict:
-    from speechctl.engine.engine import EngineConfig, SpeechEngine
-    from speechctl.models.prompts import MultiStreamPrompts
-    from speechctl.models.tiny import create_multistream_checkpoint
-
-    recipe = SHAPES[shape]
-    top = max(concurrencies)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = create_multistream_checkpoint(Path(tmp) / shape, recipe)
-        config = EngineConfig(
-            max_num_seqs=2 * top,
-            max_model_len=frames + 96,
-            dtype=recipe.dtype,
-            load_format="auto" if recipe.weights else "dummy",
-            **(engine_overrides or {}),
-        )
-        started = time.perf_counter()
-        engine = SpeechEngine(path, config)
-        startup = time.perf_counter() - started
-        prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
-
-        def workload(count: int, guided: bool):
-            guidance = Guidance(scale=scale) if guided else Guidance()
-            return [
-                prompts.tts(
-                    f"Sentence number {i} for the benchmark.",
-                    audio_sampling=AUDIO_SAMPLING,
-                    seed=i,
-                    max_frames=frames,
-                    min_frames=frames,
-                    guidance=guidance,
-                    tag=i,
-                )
-                for i in range(count)
-            ]
-
-        def timed(count: int, guided: bool) -> float:
-            reqs = workload(count, guided)
-            start = time.perf_counter()
-            outs = list(engine.generate(reqs))
-            elapsed = time.perf_counter() - start
-            for out in outs:  # the run did the work it is named after
-                if out.error:
-                    raise EngineError(f"benchmark request failed: {out.error}")
-                (codes,) = prompts.audio_segments(out, starts_in_audio=True)
-                if codes.shape[1] != frames:
-                    raise EngineError(f"expected {frames} frames, got {codes.shape[1]}")
-            return elapsed
-
+    with ShapeEngine(shape, max_num_seqs=2 * max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
         rows = []
         for count in concurrencies:
             for guided in (False, True):  # warm-up at this batch size: compiles, allocator, caches
-                timed(count, guided)
+                bench.timed(count, Guidance(scale=scale) if guided else Guidance())
             row = {"concurrency": count, "frames": frames}
             for mode, guided in (("plain", False), ("cfg", True)):
-                times = [timed(count, guided) for _ in range(repeats)]
+                guidance = Guidance(scale=scale) if guided else Guidance()
+                times = [bench.timed(count, guidance) for _ in range(repeats)]
                 seconds = statistics.median(times)
                 row[f"{mode}_seconds"] = round(seconds, 4)
                 row[f"{mode}_frames_per_s"] = round(count * frames / seconds, 1)
@@ -91,18 +45,78 @@ def run_cfg_bench(
                 f"cfg {row['cfg_frames_per_s']:10.1f} frames/s  ratio {row['cfg_ratio']:.3f}"
             )
             rows.append(row)
-        stats = engine.stats()
-        engine.shutdown()
+        stats = bench.engine.stats()
     return {
         "benchmark": "cfg",
         "model": describe(shape),
         "cfg_scale": scale,
         "repeats": repeats,
-        "engine_startup_s": round(startup, 1),
+        "engine_startup_s": bench.startup_s,
         "pair_violations": stats["pair_violations"],
         "environment": _environment(),
         "results": rows,
     }
+
+
+class ShapeEngine:
+    """A speechctl engine on a random-weight checkpoint of a bench shape, and its fixed-length
+    TTS workload (every request makes exactly ``frames`` audio frames)."""
+
+    def __init__(self, shape: str, *, max_num_seqs: int, frames: int, overrides: dict | None = None):
+        self.shape, self.max_num_seqs, self.frames, self.overrides = shape, max_num_seqs, frames, overrides or {}
+
+    def __enter__(self) -> "ShapeEngine":
+        from speechctl.engine.engine import EngineConfig, SpeechEngine
+        from speechctl.models.prompts import MultiStreamPrompts
+        from speechctl.models.tiny import create_multistream_checkpoint
+
+        recipe = SHAPES[self.shape]
+        self._tmp = tempfile.TemporaryDirectory()
+        self.path = create_multistream_checkpoint(Path(self._tmp.name) / self.shape, recipe)
+        config = EngineConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.frames + 96,
+            dtype=recipe.dtype,
+            load_format="auto" if recipe.weights else "dummy",
+            **self.overrides,
+        )
+        started = time.perf_counter()
+        self.engine = SpeechEngine(self.path, config)
+        self.startup_s = round(time.perf_counter() - started, 1)
+        self.prompts = MultiStreamPrompts(self.engine.spec, self.engine.tokenizer)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.shutdown()
+        self._tmp.cleanup()
+
+    def workload(self, count: int, guidance: Guidance = Guidance()) -> list:
+        return [
+            self.prompts.tts(
+                f"Sentence number {i} for the benchmark.",
+                audio_sampling=AUDIO_SAMPLING,
+                seed=i,
+                max_frames=self.frames,
+                min_frames=self.frames,
+                guidance=guidance,
+                tag=i,
+            )
+            for i in range(count)
+        ]
+
+    def timed(self, count: int, guidance: Guidance = Guidance()) -> float:
+        """Wall time of ``count`` requests submitted at once, checked to have done the work."""
+        reqs = self.workload(count, guidance)
+        start = time.perf_counter()
+        outs = list(self.engine.generate(reqs))
+        elapsed = time.perf_counter() - start
+        for out in outs:  # the run did the work it is named after
+            if out.error:
+                raise EngineError(f"benchmark request failed: {out.error}")
+            (codes,) = self.prompts.audio_segments(out, starts_in_audio=True)
+            if codes.shape[1] != self.frames:
+                raise EngineError(f"expected {self.frames} frames, got {codes.shape[1]}")
+        return elapsed
 
 
 def _environment() -> dict:

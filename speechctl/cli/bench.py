@@ -7,6 +7,11 @@ import click
 from speechctl.cli.options import quiet_libraries, user_errors
 
 
+# The tiny shape's bench decodes with a small DAC (the published 44.1 kHz size is slow on a CPU).
+_SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsampling_ratios=[8, 5, 4, 2],
+                  decoder_hidden_size=32, codebook_dim=8, sampling_rate=16000, n_codebooks=4, codebook_size=64)
+
+
 @click.command("bench")
 @click.option("--cfg", "cfg", is_flag=True, help="CFG vs no-CFG throughput.")
 @click.option("--stream", "stream", is_flag=True, help="Time to first audio and chat-turn latency, streaming vs one-shot.")
@@ -18,20 +23,36 @@ from speechctl.cli.options import quiet_libraries, user_errors
 @click.option("--frames", type=click.IntRange(1), default=64, show_default=True, help="Audio frames per request (fixed).")
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--scale", type=float, default=3.0, show_default=True, help="CFG scale.")
+@click.option("--no-plain", is_flag=True, help="Throughput: skip the plain-vLLM baseline.")
+@click.option("--no-eager", is_flag=True, help="Throughput: skip the run with the per-step CUDA graphs off.")
+@click.option("--codec-requests", type=click.IntRange(0), default=64, show_default=True, help="Throughput: requests in the batched-vs-one-by-one codec decode (0: skip).")
 @click.option("--out", "out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, out, plot, verbose):
-    """Measure side by side in one run and print the ratios: --cfg or --stream."""
+def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, no_eager, codec_requests, out, plot, verbose):
+    """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
+    plain vLLM, per-step graphs on vs off, batched codec), --cfg or --stream."""
     from speechctl.audio import write_json_atomic
     from speechctl.bench.cfg import plot_cfg, run_cfg_bench
     from speechctl.errors import InputError
 
     quiet_libraries(verbose)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
-    if cfg == stream:
+    if cfg and stream:
         raise InputError("choose one benchmark: --cfg or --stream")
+    if not cfg and not stream:
+        from speechctl.bench.throughput import run_throughput_bench
+
+        result = run_throughput_bench(
+            shape, levels, frames, repeats, plain=not no_plain, eager_too=not no_eager,
+            codec_requests=codec_requests, codec_config=_SMALL_DAC if shape == "tiny" else None,
+            log=lambda line: click.echo(line, err=True),
+        )
+        if out:
+            write_json_atomic(out, result)
+        click.echo(json.dumps({"results": result["results"], "codec": result["codec"]}, indent=2))
+        return
     if stream:
         from speechctl.bench.stream import run_stream_bench
 

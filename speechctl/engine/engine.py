@@ -390,6 +390,10 @@ class SpeechEngine:
         # Every worker holds the same stream state (TP ranks sample identically); read rank 0.
         return self._vllm.collective_rpc(vllm_compat.call_runtime, args=(method, *args))[0]
 
+    def set_step_graphs(self, enabled: bool) -> bool:
+        """Per-step CUDA graphs on (the default on CUDA) or off (eager); returns whether on."""
+        return bool(self._rpc("set_step_graphs", enabled))
+
     def shutdown(self) -> None:
         engine = getattr(self, "_vllm", None)
         if engine is not None:

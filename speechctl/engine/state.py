@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
 from speechctl.engine.sampling import sample_streams
 from speechctl.engine.streams import StreamSpec
@@ -124,6 +125,11 @@ class StreamRuntime:
         if _compile(device):  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = torch.compile(self._input_step, dynamic=True)
             self._sample_step = torch.compile(self._sample_step, dynamic=True)
+        # CUDA graphs of the per-step work (engine/graphs.py), set up once vLLM's batch sizes are
+        # known (``use_step_graphs``); separate pools: the input graph's output is still read by
+        # the forward when the logits graph runs.
+        self._graphs: tuple[StepGraphs | None, StepGraphs | None] = (None, None)
+        self._input_graphs, self._logits_graphs = self._graphs
 
         d = torch.tensor(self.pattern.delays, dtype=torch.int64, device=device)
         self._delays = d[None, :]  # [1, K]
@@ -242,6 +248,36 @@ class StreamRuntime:
 
     # -- phase 2: inputs ----------------------------------------------------------------------
 
+    def use_step_graphs(self, sizes) -> None:
+        """Replay the per-step work as CUDA graphs for batches of up to max(sizes) rows."""
+        if step_graphs_enabled(self.device) and sizes:
+            self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
+            self._input_graphs, self._logits_graphs = self._graphs
+
+    def set_step_graphs(self, enabled: bool) -> bool:
+        """Switch the per-step graphs off (eager, for comparison) or back on; returns whether
+        they are on."""
+        self._input_graphs, self._logits_graphs = self._graphs if enabled else (None, None)
+        return self._logits_graphs is not None
+
+    def embed_inputs(self, embed, input_ids: torch.Tensor, graphable: bool = True) -> torch.Tensor:
+        """``embed(input_ids, aux)`` for this step's scheduled tokens (see ``input_streams``).
+        A pure decode step (one token per row) replays it with the input gathering as one CUDA
+        graph; other steps (prefill chunks, prompt audio: ``graphable=False``) run eagerly."""
+        n = input_ids.shape[0]
+        graphs = self._input_graphs if graphable else None
+        if graphs is not None and self.view is not None and self.view.live() and self.view.num_reqs() == n:
+            slots, pos = self.row_slots[:n], self.view.positions(n)
+
+            def step(ids, pos, slots):
+                return (embed(ids, self._inputs_at(ids, pos, slots)),)
+
+            out = graphs.run(step, None, n, (input_ids, pos, slots), (0, 0, self.scratch))
+            if out is not None:
+                self._step = _Step(n, slots, pos)
+                return out[0]
+        return embed(input_ids, self.input_streams(input_ids))
+
     @torch.profiler.record_function("speechctl.input_streams")
     def input_streams(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[n] scheduled primary ids -> [n, K] auxiliary ids of the same positions.
@@ -266,6 +302,10 @@ class StreamRuntime:
         qsl = qsl.to(torch.int64)
         row_slots = self.row_slots[:R]
         tok_slot = torch.repeat_interleave(row_slots, qsl[1:] - qsl[:-1], output_size=n)
+        return self._inputs_at(input_ids, pos, tok_slot), pos[qsl[1:] - 1]
+
+    def _inputs_at(self, input_ids, pos, tok_slot):
+        """[n] ids at positions ``pos`` of slots ``tok_slot`` -> [n, K] auxiliary ids."""
         g = pos - self.prompt_len[tok_slot]
         is_gen = g >= 0
         aux = self.gen_aux[tok_slot, g.clamp(0, self.max_len)].to(torch.int64)
@@ -277,7 +317,7 @@ class StreamRuntime:
         self.frames.index_put_((opens,), torch.full_like(g, -1))
         closes = torch.where(newest & (input_ids == self.spec.audio_eos_id), tok_slot, self.scratch)
         self.audio_start.index_put_((closes,), torch.full_like(g, NEVER))
-        return aux, pos[qsl[1:] - 1]
+        return aux
 
     # -- phase 3: sampling --------------------------------------------------------------------
 
@@ -301,6 +341,39 @@ class StreamRuntime:
             raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
         flags = (self.num_random > 0, self.num_filtered > 0, self._max_top_k(), self.num_paired > 0)
         return self._sample_step(logits, aux_logits, tokens, step.row_slots, step.last_pos, *flags)
+
+    def graphed_logits(self, heads, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The body of a model's ``compute_logits``: ``heads(hidden_states)`` runs the output
+        heads and ``sample`` (and, for CSM, the depth decoder). On CUDA it is replayed as one
+        graph per batch-size bucket and per host-side sampling setting."""
+        step, graphs = self._step, self._logits_graphs
+        if step is None or graphs is None:
+            return heads(hidden_states)
+
+        def run(hidden, slots, last_pos):
+            self._step = _Step(slots.shape[0], slots, last_pos)
+            return (heads(hidden),)
+
+        inputs = (hidden_states, step.row_slots, step.last_pos)
+        out = graphs.run(run, self._graph_key(), step.num_rows, inputs, (None, self.scratch, 0))
+        if out is None:  # more rows than the largest bucket
+            self._step = step
+            return heads(hidden_states)
+        self._step = None
+        return out[0]
+
+    def _graph_key(self) -> tuple:
+        """Every host-side fact that changes which kernels the step runs."""
+        return (
+            self.num_random > 0,
+            self.num_filtered > 0,
+            self._max_top_k(),
+            self.num_paired > 0,
+            self.num_cfg_filter > 0,
+            self.num_text_random > 0,
+            self.num_depth_random > 0,
+            self.num_depth_filtered > 0,
+        )
 
     @torch.profiler.record_function("speechctl.sample_codebook")
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:

@@ -110,7 +110,14 @@ def attach_runtime(worker) -> int:
         raise RuntimeError(f"expected one StreamTracker logits processor, found {len(trackers)}")
     runtime.view = StepView(runner)
     trackers[0].runtime = runtime
+    runtime.use_step_graphs(cudagraph_batch_sizes(runner))
     return runtime.capacity
+
+
+def cudagraph_batch_sizes(runner) -> list[int]:
+    """The batch sizes vLLM captured its forward for (empty when CUDA graphs are off, e.g.
+    ``enforce_eager``): speechctl's per-step graphs use the same buckets."""
+    return list(getattr(runner, "cudagraph_batch_sizes", None) or [])
 
 
 def engine_scheduler(llm_engine):

@@ -229,15 +229,18 @@ class CsmForConditionalGeneration(nn.Module, SupportsMultiModal):
         """[n] scheduled text ids -> [n, H]: text embedding at text positions, the frame's summed
         codebook embeddings at audio positions (generated frames from the stream runtime,
         context audio from the multimodal items)."""
-        aux = self.stream_runtime.input_streams(input_ids)  # [n, K]
-        is_audio = (input_ids == self.spec.audio_id) | (input_ids == self.spec.audio_eos_id)
-        text = self.embed_text_tokens(input_ids)
-        emb = torch.where(is_audio[:, None], self.backbone_model.embed_tokens(aux).to(text.dtype), text)
-        if multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None:
+        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
+        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
+        if has_mm:
             mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
             mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
             emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
         return emb
+
+    def _embed_streams(self, input_ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        is_audio = (input_ids == self.spec.audio_id) | (input_ids == self.spec.audio_eos_id)
+        text = self.embed_text_tokens(input_ids)
+        return torch.where(is_audio[:, None], self.backbone_model.embed_tokens(aux).to(text.dtype), text)
 
     def forward(
         self,
@@ -251,7 +254,11 @@ class CsmForConditionalGeneration(nn.Module, SupportsMultiModal):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """Codebook 0 from ``lm_head``, 1..K-1 from the depth decoder, each sampled on the device;
-        the primary logits start empty (no text head) and the runtime makes them one-hot."""
+        the primary logits start empty (no text head) and the runtime makes them one-hot.
+        On CUDA the whole frame (backbone head, depth decoder, sampling) is one graph replay."""
+        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
+
+    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         runtime = self.stream_runtime
         first = runtime.sample_codebook(self.lm_head(hidden_states), 0)
         frame = self.depth_decoder.decode_frame(

@@ -180,16 +180,19 @@ class HiggsAudioV2ForConditionalGeneration(nn.Module, SupportsMultiModal):
         """[n] scheduled text ids -> [n, H]: text embedding at text positions, the sum of the
         codebook embeddings (generated tokens from the stream runtime, prompt audio from the
         multimodal items) at audio positions. Also fills ``audio_mask`` for the layers."""
-        aux = self.stream_runtime.input_streams(input_ids)  # [n, K]
-        is_audio = (input_ids == self.audio_ids[0]) | (input_ids == self.audio_ids[1])
-        text = self.model.embed_input_ids(input_ids)
-        emb = torch.where(is_audio[:, None], self.model.embed_audio_tokens(aux).to(text.dtype), text)
-        if multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None:
+        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
+        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
+        if has_mm:
             mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
             mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
             emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
-        self.audio_mask[: input_ids.shape[0], 0].copy_(is_audio)
         return emb
+
+    def _embed_streams(self, input_ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        is_audio = (input_ids == self.audio_ids[0]) | (input_ids == self.audio_ids[1])
+        text = self.model.embed_input_ids(input_ids)
+        self.audio_mask[: input_ids.shape[0], 0].copy_(is_audio)
+        return torch.where(is_audio[:, None], self.model.embed_audio_tokens(aux).to(text.dtype), text)
 
     def forward(
         self,
@@ -204,6 +207,9 @@ class HiggsAudioV2ForConditionalGeneration(nn.Module, SupportsMultiModal):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """Codebook logits from ``audio_lm_head``; the primary logits start empty (there is no
         text head) and the stream runtime makes them one-hot on the ruled token."""
+        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
+
+    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         K, V = self.spec.num_codebooks, self.spec.pattern.vocab_size
         aux_logits = self.audio_lm_head(hidden_states).view(-1, K, V)
         logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)

@@ -221,9 +221,9 @@ class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
         is_multimodal: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        aux = self.stream_runtime.input_streams(input_ids)
-        emb = self._embed_streams(input_ids, aux)
-        if multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None:
+        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
+        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
+        if has_mm:
             mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
             mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
             emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
@@ -240,6 +240,9 @@ class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
+
+    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         logits = self.logits_processor(self.lm_head, hidden_states)
         if logits is None:
             return None

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Everything speechctl measures on the H200, vLLM 0.26 bundle staged (docs/gpu.md). One stage per
+# call so that each fits the device tool's 10-minute limit:
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on)
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM, graphs on/off, codec
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B / CSM 1B vs transformers
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh stream       # time to first audio
+# Logs and JSON under $OUT; copy the JSON to docs/benchmarks/.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export SPEECHCTL_CACHE=/tmp/speechctl-cache
+sc() { python3 -m speechctl.cli "$@"; }
+for stage in "$@"; do
+  case "$stage" in
+    tests)
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
+      python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
+      timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_step_graphs.py tests/test_vllm_compat.py \
+        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py 2>&1 | tail -60 > "$OUT/pytest-gpu.log"
+      tail -5 "$OUT/pytest-gpu.log"
+      ;;
+    cfg)
+      timeout "${CFG_TIMEOUT:-300}" sc bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,64,256}" --frames 256 \
+        --repeats "${REPEATS:-2}" --out "$OUT/cfg-higgs-3b.json" --plot "$OUT/cfg-higgs-3b.png" 2> "$OUT/cfg.log" | tail -3
+      grep -E "^c=|Error" "$OUT/cfg.log"
+      ;;
+    throughput)
+      timeout "${TP_TIMEOUT:-400}" sc bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
+        --repeats "${REPEATS:-2}" --out "$OUT/throughput-higgs-3b.json" 2> "$OUT/throughput.log" | tail -3
+      grep -E "^c=|^codec|Error" "$OUT/throughput.log"
+      ;;
+    families)
+      FAMILIES=${FAMILIES:-higgs_audio_v2} CONC=1,64 FRAMES=${FAM_FRAMES:-256} REPEATS=${REPEATS:-2} \
+        timeout "${FAM_TIMEOUT:-400}" bash benchmarks/families_h200.sh bench
+      ;;
+    stream)
+      timeout "${STREAM_TIMEOUT:-240}" sc bench --stream --no-turn --shape llama-1b --concurrency 1,16 --frames 128 \
+        --repeats 3 --out "$OUT/stream-llama-1b.json" 2> "$OUT/stream.log" | tail -30
+      ;;
+  esac
+done

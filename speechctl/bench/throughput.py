@@ -1,0 +1,165 @@
+"""Throughput of speechctl on a bench shape, beside plain vLLM on the same backbone, in one run.
+
+Per concurrency *c* (requests submitted at once, each making exactly ``frames`` audio frames):
+
+* plain vLLM: tokens/s of a ``LlamaForCausalLM`` with the same backbone, decoding as many tokens
+  per request as speechctl runs steps (``speechctl.bench.plain``, in its own process first, so
+  each engine has the whole device);
+* speechctl: frames/s, audio-s/s (the checkpoint's codec frame rate), per-request RTF (time from
+  submission to the request's output ÷ its audio duration); with the per-step CUDA graphs
+  (``engine/graphs.py``) and, for comparison, with them off (eager per-step work);
+* the multi-stream overhead ratio: speechctl frames/s ÷ plain tokens/s (issue goal ≥ 0.85).
+
+And the codec: decoding ``codec_requests`` requests of ``frames`` frames in one batched call vs
+one call per request (a DAC of the published 44.1 kHz size, random weights).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from speechctl.bench.cfg import ShapeEngine, _environment
+from speechctl.bench.shapes import describe
+from speechctl.errors import EngineError
+
+
+def run_throughput_bench(
+    shape: str = "tiny",
+    concurrencies=(1, 4),
+    frames: int = 64,
+    repeats: int = 3,
+    *,
+    plain: bool = True,
+    eager_too: bool = True,
+    codec_requests: int = 64,
+    codec_config: dict | None = None,
+    engine_overrides: dict | None = None,
+    log=print,
+) -> dict:
+    with ShapeEngine(shape, max_num_seqs=max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
+        probe = bench.workload(1)[0]
+        steps = bench.engine.spec.pattern.num_steps(frames)  # decode steps per request
+        prompt_len = len(probe.prompt_ids)
+        frame_rate = _frame_rate(bench.path)
+        graphs = bench.engine.set_step_graphs(True)
+        rows = []
+        for count in concurrencies:
+            row = {"concurrency": count, "frames": frames}
+            modes = [("graphs" if graphs else "eager", True)] + ([("eager", False)] if graphs and eager_too else [])
+            for mode, on in modes:
+                bench.engine.set_step_graphs(on)
+                _requests_timed(bench, count)  # warm-up at this batch size (graph capture, caches)
+                runs = [_requests_timed(bench, count) for _ in range(repeats)]
+                wall = statistics.median(r[0] for r in runs)
+                latencies = [t for r in runs for t in r[1]]
+                row[f"{mode}_frames_per_s"] = round(count * frames / wall, 1)
+                row[f"{mode}_audio_s_per_s"] = round(count * frames / wall / frame_rate, 1)
+                row[f"{mode}_rtf_median"] = round(statistics.median(latencies) / (frames / frame_rate), 4)
+            bench.engine.set_step_graphs(graphs)
+            if graphs and eager_too:
+                row["graphs_speedup"] = round(row["graphs_frames_per_s"] / row["eager_frames_per_s"], 2)
+            log(f"c={count:4d} " + "  ".join(f"{k}={v}" for k, v in row.items() if k.endswith(("frames_per_s", "speedup"))))
+            rows.append(row)
+        startup = bench.startup_s
+    main_mode = "graphs" if graphs else "eager"
+    if plain:
+        for row, base in zip(rows, _plain_rows(shape, concurrencies, steps, prompt_len, repeats, engine_overrides)):
+            row["plain_vllm_tokens_per_s"] = base["tokens_per_s"]
+            row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / base["tokens_per_s"], 3)
+            log(f"c={row['concurrency']:4d} plain vLLM {base['tokens_per_s']} tokens/s  ratio {row['overhead_ratio']}")
+    codec = _codec_bench(codec_requests, frames, codec_config, repeats) if codec_requests else None
+    if codec:
+        log(f"codec: batched {codec['batched_s']} s, one by one {codec['one_by_one_s']} s, speed-up {codec['speedup']}")
+    return {
+        "benchmark": "throughput",
+        "model": {**describe(shape), "frame_rate": frame_rate},
+        "frames_per_request": frames,
+        "steps_per_request": steps,
+        "prompt_tokens": prompt_len,
+        "repeats": repeats,
+        "engine_startup_s": startup,
+        "environment": _environment(),
+        "results": rows,
+        "codec": codec,
+    }
+
+
+def _requests_timed(bench: ShapeEngine, count: int) -> tuple[float, list[float]]:
+    """(wall time of the batch, each request's time from submission to its output)."""
+    reqs = bench.workload(count)
+    start = time.perf_counter()
+    latencies = []
+    for out in bench.engine.generate(reqs):
+        latencies.append(time.perf_counter() - start)
+        if out.error:
+            raise EngineError(f"benchmark request failed: {out.error}")
+        (codes,) = bench.prompts.audio_segments(out, starts_in_audio=True)
+        if codes.shape[1] != bench.frames:
+            raise EngineError(f"expected {bench.frames} frames, got {codes.shape[1]}")
+    return time.perf_counter() - start, latencies
+
+
+def _frame_rate(path: Path) -> float:
+    from speechctl.models.catalog import codec_dir
+
+    config = json.loads((codec_dir(path) / "config.json").read_text())
+    hop = int(np.prod(config["downsampling_ratios"]))
+    return config["sampling_rate"] / hop
+
+
+def _plain_rows(shape, concurrencies, steps, prompt_len, repeats, overrides) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plain.json"
+        cmd = [sys.executable, "-m", "speechctl.bench.plain", "--shape", shape,
+               "--concurrency", ",".join(map(str, concurrencies)), "--tokens", str(steps),
+               "--prompt-len", str(prompt_len), "--repeats", str(repeats),
+               "--overrides", json.dumps(overrides or {}), "--out", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        if done.returncode != 0:
+            raise EngineError(f"plain vLLM baseline failed: {done.stderr.strip().splitlines()[-1:]}")
+        return json.loads(out.read_text())
+
+
+def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) -> dict:
+    """Batched vs one-by-one decode of ``requests`` codes of ``frames`` frames."""
+    import torch
+    from transformers import DacConfig, DacModel
+
+    from speechctl.codecs.registry import load_codec
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    dac = DacConfig(**(config or {}))  # default: the published 44.1 kHz DAC's shape
+    with tempfile.TemporaryDirectory() as tmp:
+        DacModel(dac).save_pretrained(tmp)
+        codec = load_codec(tmp, device)
+    rng = np.random.default_rng(0)
+    codes = [rng.integers(0, dac.codebook_size, (dac.n_codebooks, frames)) for _ in range(requests)]
+
+    def timed(fn) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    batched = timed(lambda: codec.decode(codes))
+    single = timed(lambda: [codec.decode([c]) for c in codes])
+    return {"requests": requests, "frames": frames, "codec": f"DAC {dac.sampling_rate} Hz, {dac.n_codebooks} codebooks, "
+            f"decoder {dac.decoder_hidden_size}", "batched_s": round(batched, 4), "one_by_one_s": round(single, 4),
+            "speedup": round(single / batched, 1)}

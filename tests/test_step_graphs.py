@@ -1,0 +1,50 @@
+"""speechctl.engine.graphs on CUDA: a replayed step equals the eager step, padding rows write only
+where the caller says, and batches past the largest bucket are left to the caller. (The engine-
+level check is the parity suite, which runs with these graphs on CUDA.)"""
+
+import pytest
+import torch
+
+from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+def test_step_graphs_are_off_on_the_cpu_and_by_switch(monkeypatch):
+    assert not step_graphs_enabled(torch.device("cpu"))
+    monkeypatch.setenv("SPEECHCTL_STEP_GRAPHS", "0")
+    assert not step_graphs_enabled(torch.device("cuda"))
+
+
+@cuda
+def test_replay_equals_eager_and_padding_writes_only_scratch():
+    device = torch.device("cuda")
+    scratch = 9
+    weight = torch.randn(16, 8, device=device)
+
+    def make_state():
+        return torch.zeros(scratch + 1, device=device)
+
+    def step(state):
+        def fn(x, slots):
+            y = (x @ weight.T).softmax(dim=-1)  # a few kernels
+            state.index_put_((slots,), y[:, 0], accumulate=False)
+            return y.argmax(dim=-1), y
+
+        return fn
+
+    graphed_state, eager_state = make_state(), make_state()
+    graphs = StepGraphs([2, 4, 8], device)
+    assert graphs.bucket(3) == 4 and graphs.bucket(9) is None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for rows in [3, 3, 1, 4, 2, 3, 8, 5]:
+        x = torch.randn(rows, 8, device=device, generator=gen)
+        slots = torch.randperm(scratch, device=device, generator=gen)[:rows]
+        got = graphs.run(step(graphed_state), ("key",), rows, (x, slots), (None, scratch))
+        want = step(eager_state)(x, slots)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w)
+        torch.testing.assert_close(graphed_state[:scratch], eager_state[:scratch])
+    assert graphs.captured == 3  # buckets 4, 2 and 8, each recorded once
+    assert graphs.run(step(graphed_state), ("key",), 9, (torch.zeros(9, 8, device=device), torch.zeros(9, dtype=torch.int64, device=device)), (None, scratch)) is None
