@@ -22,12 +22,12 @@ for stage in "$@"; do
       tail -5 "$OUT/pytest-gpu.log"
       ;;
     cfg)
-      timeout "${CFG_TIMEOUT:-300}" sc bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,64,256}" --frames 256 \
+      timeout "${CFG_TIMEOUT:-300}" python3 -m speechctl.cli bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,64,256}" --frames 256 \
         --repeats "${REPEATS:-2}" --out "$OUT/cfg-higgs-3b.json" --plot "$OUT/cfg-higgs-3b.png" 2> "$OUT/cfg.log" | tail -3
       grep -E "^c=|Error" "$OUT/cfg.log"
       ;;
     throughput)
-      timeout "${TP_TIMEOUT:-400}" sc bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
+      timeout "${TP_TIMEOUT:-400}" python3 -m speechctl.cli bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
         --repeats "${REPEATS:-2}" --out "$OUT/throughput-higgs-3b.json" 2> "$OUT/throughput.log" | tail -3
       grep -E "^c=|^codec|Error" "$OUT/throughput.log"
       ;;
@@ -36,7 +36,7 @@ for stage in "$@"; do
         timeout "${FAM_TIMEOUT:-400}" bash benchmarks/families_h200.sh bench
       ;;
     stream)
-      timeout "${STREAM_TIMEOUT:-240}" sc bench --stream --no-turn --shape llama-1b --concurrency 1,16 --frames 128 \
+      timeout "${STREAM_TIMEOUT:-240}" python3 -m speechctl.cli bench --stream --no-turn --shape llama-1b --concurrency 1,16 --frames 128 \
         --repeats 3 --out "$OUT/stream-llama-1b.json" 2> "$OUT/stream.log" | tail -30
       ;;
   esac

@@ -16,6 +16,7 @@ from speechctl.engine.params import Guidance, Sampling
 from speechctl.errors import EngineError
 
 AUDIO_SAMPLING = Sampling(temperature=0.9, top_k=50)
+WORKLOAD_TEXT = "Sentence number {i} for the benchmark."
 
 
 def run_cfg_bench(
@@ -93,7 +94,7 @@ class ShapeEngine:
     def workload(self, count: int, guidance: Guidance = Guidance()) -> list:
         return [
             self.prompts.tts(
-                f"Sentence number {i} for the benchmark.",
+                WORKLOAD_TEXT.format(i=i),
                 audio_sampling=AUDIO_SAMPLING,
                 seed=i,
                 max_frames=self.frames,

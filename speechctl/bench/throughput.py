@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speechctl.bench.cfg import ShapeEngine, _environment
-from speechctl.bench.shapes import describe
+from speechctl.bench.cfg import WORKLOAD_TEXT, ShapeEngine, _environment
+from speechctl.bench.shapes import SHAPES, describe
 from speechctl.errors import EngineError
 
 
@@ -45,10 +45,13 @@ def run_throughput_bench(
     engine_overrides: dict | None = None,
     log=print,
 ) -> dict:
+    # Plain vLLM first, in its own process: an in-process engine does not give all its device
+    # memory back when it shuts down.
+    steps, prompt_len = _workload_shape(shape, frames)
+    base_rows = _plain_rows(shape, concurrencies, steps, prompt_len, repeats, engine_overrides) if plain else None
     with ShapeEngine(shape, max_num_seqs=max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
-        probe = bench.workload(1)[0]
-        steps = bench.engine.spec.pattern.num_steps(frames)  # decode steps per request
-        prompt_len = len(probe.prompt_ids)
+        if (bench.engine.spec.pattern.num_steps(frames), len(bench.workload(1)[0].prompt_ids)) != (steps, prompt_len):
+            raise EngineError("plain baseline and speechctl workloads differ")
         frame_rate = _frame_rate(bench.path)
         graphs = bench.engine.set_step_graphs(True)
         rows = []
@@ -72,7 +75,7 @@ def run_throughput_bench(
         startup = bench.startup_s
     main_mode = "graphs" if graphs else "eager"
     if plain:
-        for row, base in zip(rows, _plain_rows(shape, concurrencies, steps, prompt_len, repeats, engine_overrides)):
+        for row, base in zip(rows, base_rows):
             row["plain_vllm_tokens_per_s"] = base["tokens_per_s"]
             row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / base["tokens_per_s"], 3)
             log(f"c={row['concurrency']:4d} plain vLLM {base['tokens_per_s']} tokens/s  ratio {row['overhead_ratio']}")
@@ -91,6 +94,18 @@ def run_throughput_bench(
         "results": rows,
         "codec": codec,
     }
+
+
+def _workload_shape(shape: str, frames: int) -> tuple[int, int]:
+    """(decode steps per request, prompt tokens) of the bench workload, without an engine."""
+    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.tiny import SPECIAL_TOKENS, byte_stream_spec
+    from speechctl.models.tokenizer import byte_tokenizer
+
+    recipe = SHAPES[shape]
+    spec = byte_stream_spec(recipe.stream_delays, recipe.codebook_size)
+    probe = MultiStreamPrompts(spec, byte_tokenizer(SPECIAL_TOKENS)).tts(WORKLOAD_TEXT.format(i=0), max_frames=frames)
+    return spec.pattern.num_steps(frames), len(probe.prompt_ids)
 
 
 def _requests_timed(bench: ShapeEngine, count: int) -> tuple[float, list[float]]:

@@ -432,7 +432,7 @@ class StreamRuntime:
             C = pat.codebook_size
             special = torch.full(aux_logits.shape[:2] + (pat.vocab_size - C,), float("-inf"), device=aux_logits.device)
             if rules.open_vocab:
-                special[..., pat.bos - C] = 0.0
+                special[..., pat.bos - C].fill_(0.0)  # fill_: no host scalar copy (graph capture)
             special[..., pat.eos - C] = torch.where(eos_ok, 0.0, float("-inf"))
             aux_logits[..., C:] += special
             tokens = sample_streams(
@@ -496,7 +496,7 @@ class StreamRuntime:
         rows = torch.arange(R, device=slots.device)
         row_of_slot = torch.full_like(self.partner, -1)
         row_of_slot[slots] = rows
-        row_of_slot[self.scratch] = -1
+        row_of_slot.narrow(0, self.scratch, 1).fill_(-1)  # not `[i] = -1`: that copies a host scalar
         paired = self.partner[slots] != self.scratch
         partner_row = row_of_slot[self.partner[slots]]
         present = partner_row >= 0
