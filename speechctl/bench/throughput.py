@@ -11,7 +11,8 @@ Per concurrency *c* (requests submitted at once, each making exactly ``frames`` 
 * the multi-stream overhead ratio: speechctl frames/s ÷ plain tokens/s (issue goal ≥ 0.85).
 
 And the codec: decoding ``codec_requests`` requests of ``frames`` frames in one batched call vs
-one call per request (a DAC of the published 44.1 kHz size, random weights).
+one call per request (a DAC of transformers' default size: decoder 1536 channels, 9 codebooks,
+hop 512; random weights).
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) 
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    dac = DacConfig(**(config or {}))  # default: the published 44.1 kHz DAC's shape
+    dac = DacConfig(**(config or {}))  # default: transformers' DacConfig (a full-size DAC)
     with tempfile.TemporaryDirectory() as tmp:
         DacModel(dac).save_pretrained(tmp)
         codec = load_codec(tmp, device)
