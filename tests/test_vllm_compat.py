@@ -130,3 +130,11 @@ def test_runner_names_its_cuda_graph_batch_sizes():
 
     init = inspect.getsource(GPUModelRunner.__init__)
     assert "self.cudagraph_batch_sizes = sorted(" in init and "self.cudagraph_batch_sizes = []" in init
+
+
+def test_kv_cache_manager_hands_out_held_blocks():
+    """The pair scheduler counts a request's held blocks with ``get_blocks(id).blocks[0]``."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+
+    assert "blocks" in KVCacheBlocks.__dataclass_fields__
+    assert "self.coordinator.get_blocks(request_id)" in inspect.getsource(KVCacheManager.get_blocks)

@@ -44,11 +44,12 @@ def engine_options(fn):
     @click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Requests decoded together.")
     @click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Longest prompt + output, in steps.")
     @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
+    @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (CPU: cores groups), vLLM's tensor parallelism.")
     @click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
     @functools.wraps(fn)
-    def wrapper(*args, model, max_num_seqs, max_model_len, dtype, verbose, **kwargs):
+    def wrapper(*args, model, max_num_seqs, max_model_len, dtype, tensor_parallel_size, verbose, **kwargs):
         quiet_libraries(verbose)
-        kwargs["engine"] = EngineChoice(model, max_num_seqs, max_model_len, dtype)
+        kwargs["engine"] = EngineChoice(model, max_num_seqs, max_model_len, dtype, tensor_parallel_size)
         return fn(*args, **kwargs)
 
     return wrapper
@@ -60,9 +61,10 @@ _LOADED: dict = {}  # commands run in one process (tests, scripts) share a loade
 class EngineChoice:
     """What the user chose on the command line; ``speech()`` builds the model lazily."""
 
-    def __init__(self, model, max_num_seqs, max_model_len, dtype):
+    def __init__(self, model, max_num_seqs, max_model_len, dtype, tensor_parallel_size=1):
         self.model = model
-        self.config = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype)
+        self.config = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype,
+                           tensor_parallel_size=tensor_parallel_size)
 
     def sample_rate(self) -> int:
         """The model's audio rate, read from its files without loading it."""

