@@ -108,7 +108,7 @@ def _jobs(speech, items: list[ManifestItem], job_options) -> Iterator:
             if item.task == "tts":
                 voice = read_audio(f["voice"], speech.sample_rate) if "voice" in f else None
                 options = job_options(f)
-                extra = {"max_seconds": f["max_seconds"]} if "max_seconds" in f else {}
+                extra = {k: f[k] for k in ("max_seconds", "voice_text") if k in f}
                 yield TtsJob(id=item.id, text=f["text"], voice=voice, **options, **extra)
             else:
                 options = job_options(f, task="asr")

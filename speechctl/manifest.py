@@ -145,6 +145,7 @@ _SCHEMAS: dict[str, dict[str, tuple[Validator, bool]]] = {
     "tts": {
         "text": (_text, True),
         "voice": (_existing_file, False),
+        "voice_text": (_text, False),  # the voice recording's transcript (Higgs Audio v2 uses it)
         "seed": (_non_negative_int, False),
         "temperature": (_non_negative, False),
         "top_k": (_non_negative_int, False),

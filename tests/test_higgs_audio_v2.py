@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -219,6 +221,35 @@ def test_speech_api_and_models_command(higgs_path):
         assert not np.array_equal(results["plain"].codes, results["cloned"].codes)
     finally:
         speech.close()
+
+
+def test_cli_voice_with_its_transcript(higgs_path, tmp_path):
+    """`tts --voice WAV --voice-text TEXT`: the transcript reaches the Higgs prompt."""
+    import soundfile as sf
+    from click.testing import CliRunner
+
+    from speechctl.cli import cli
+    from speechctl.cli.options import _LOADED
+
+    from speechctl.models.catalog import codec_sample_rate
+
+    rate = codec_sample_rate(higgs_path)
+    voice = tmp_path / "voice.wav"
+    sf.write(voice, (0.1 * np.sin(np.arange(rate) * 0.05)).astype(np.float32), rate)
+    common = ["tts", "Hello there.", "--model", str(higgs_path), "--voice", str(voice), "--audio-temperature", "0",
+              "--max-seconds", "1", "--max-num-seqs", "4", "--max-model-len", "512", "--dtype", "float32"]
+    outs = {}
+    for name, extra in (("bare", []), ("transcribed", ["--voice-text", "a reference recording"])):
+        outs[name] = tmp_path / f"{name}.wav"
+        result = CliRunner().invoke(cli, common + extra + ["-o", str(outs[name])])
+        assert result.exit_code == 0, result.output
+    bare, transcribed = (sf.read(outs[n])[0] for n in ("bare", "transcribed"))
+    assert len(bare) and len(transcribed)
+    assert len(bare) != len(transcribed) or not np.array_equal(bare, transcribed), "the transcript changed nothing"
+    result = CliRunner().invoke(cli, ["tts", "Hi", "-o", str(tmp_path / "x.wav"), "--voice-text", "orphan"])
+    assert result.exit_code != 0 and "--voice-text needs --voice" in result.output
+    for key in [k for k in _LOADED if k[0] == str(higgs_path)]:
+        _LOADED.pop(key).close()
 
 
 def test_torchaudio_stand_in_resamples():

@@ -329,3 +329,17 @@ def test_output_outside_out_dir_is_not_trusted(tmp_path):
 def test_append_result_to_missing_dir_is_input_error(tmp_path):
     with pytest.raises(InputError, match="cannot write results"):
         append_result(tmp_path / "nope", result_record(item("a")))
+
+
+def test_voice_text_is_a_tts_field(tmp_path):
+    from speechctl.manifest import read_manifest
+
+    (tmp_path / "v.wav").write_bytes(b"")
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"id": "a", "task": "tts", "text": "hi", "voice": "v.wav", "voice_text": "what it says"}\n'
+        '{"id": "b", "task": "tts", "text": "hi", "voice_text": "  "}\n'
+    )
+    items, errors = read_manifest(path)
+    assert [i.id for i in items] == ["a"] and items[0].fields["voice_text"] == "what it says"
+    assert len(errors) == 1 and "voice_text" in str(errors[0])

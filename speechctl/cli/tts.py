@@ -14,12 +14,13 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @click.option("--raw", is_flag=True, help="With --stream -o -: raw 16-bit PCM (s16le, mono), no wav header.")
 @click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="With --stream: frames in the first chunk (later chunks double, up to 32).")
 @click.option("--voice", metavar="WAV", help="Reference audio of the voice to use.")
+@click.option("--voice-text", metavar="TEXT", help="What the --voice recording says (Higgs Audio v2 prompts use it).")
 @click.option("--format", "fmt", type=click.Choice(["wav", "flac"]), default=None, help="Audio format (default: from the file name, else wav).")
 @click.option("--max-seconds", type=click.FloatRange(0, min_open=True), default=20.0, show_default=True, help="Longest audio to generate.")
 @sampling_options
 @engine_options
 @user_errors
-def command(text, output, voice, fmt, max_seconds, stream, raw, first_chunk, sampling, engine):
+def command(text, output, voice, voice_text, fmt, max_seconds, stream, raw, first_chunk, sampling, engine):
     """Speak TEXT (or - to read it from stdin) and write the audio to FILE, or stream it."""
     from speechctl.audio import read_audio, resolve_audio_format, write_audio
     from speechctl.errors import InputError
@@ -32,18 +33,21 @@ def command(text, output, voice, fmt, max_seconds, stream, raw, first_chunk, sam
         text = sys.stdin.read()
     if not text.strip():
         raise InputError("empty text: nothing to speak")
+    if voice_text is not None and voice is None:
+        raise InputError("--voice-text needs --voice (the recording it transcribes)")
+    voice_options = {} if voice_text is None else {"voice_text": voice_text}
     if stream:
-        return _stream(text, output, voice, fmt, max_seconds, raw, first_chunk, sampling, engine)
+        return _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chunk, sampling, engine)
     fmt = resolve_audio_format(output, fmt)
     voice_wav = read_audio(voice, engine.sample_rate()) if voice else None  # before the model loads
     speech = engine.speech()
-    result = speech.tts(text, voice=voice_wav, max_seconds=max_seconds, **sampling.job_options())
+    result = speech.tts(text, voice=voice_wav, max_seconds=max_seconds, **voice_options, **sampling.job_options())
     write_audio(output, result.audio, result.sample_rate, fmt)
     if output != "-":
         click.echo(f"{output}: {result.duration:.2f} s of audio at {result.sample_rate} Hz", err=True)
 
 
-def _stream(text, output, voice, fmt, max_seconds, raw, first_chunk, sampling, engine):
+def _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chunk, sampling, engine):
     """Chunks go out as the codec decodes them (speechctl.api.Speech.stream_tts)."""
     import time
 
@@ -59,7 +63,7 @@ def _stream(text, output, voice, fmt, max_seconds, raw, first_chunk, sampling, e
     try:
         speech = engine.speech()
         started = time.perf_counter()
-        options = dict(voice=voice_wav, max_seconds=max_seconds, **sampling.job_options())
+        options = dict(voice=voice_wav, max_seconds=max_seconds, **voice_options, **sampling.job_options())
         for chunk in speech.stream_tts(text, first_chunk=first_chunk, **options):
             if chunk.error:
                 raise EngineError(chunk.error)
