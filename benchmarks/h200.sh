@@ -28,7 +28,7 @@ for stage in "$@"; do
       ;;
     throughput)
       timeout "${TP_TIMEOUT:-400}" python3 -m speechctl.cli bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
-        --repeats "${REPEATS:-2}" --out "$OUT/throughput-higgs-3b.json" 2> "$OUT/throughput.log" | tail -3
+        --repeats "${REPEATS:-2}" --out "$OUT/throughput-higgs-3b.json" --plot "$OUT/throughput-higgs-3b.png" 2> "$OUT/throughput.log" | tail -3
       grep -E "^c=|^codec|Error" "$OUT/throughput.log"
       ;;
     families)

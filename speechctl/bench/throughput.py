@@ -179,3 +179,32 @@ def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) 
     return {"requests": requests, "frames": frames, "codec": f"DAC {dac.sampling_rate} Hz, {dac.n_codebooks} codebooks, "
             f"decoder {dac.decoder_hidden_size}", "batched_s": round(batched, 4), "one_by_one_s": round(single, 4),
             "speedup": round(single / batched, 1)}
+
+
+def plot_throughput(result: dict, path) -> None:
+    """frames/s of speechctl (graphs, eager) and tokens/s of plain vLLM per concurrency, and the
+    overhead ratio (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["results"]
+    c = [r["concurrency"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    if "plain_vllm_tokens_per_s" in rows[0]:
+        left.plot(c, [r["plain_vllm_tokens_per_s"] for r in rows], "k^--", label="plain vLLM (tokens/s)")
+    for mode, style in (("graphs", "o-"), ("eager", "s:")):
+        if f"{mode}_frames_per_s" in rows[0]:
+            left.plot(c, [r[f"{mode}_frames_per_s"] for r in rows], style, label=f"speechctl, step {mode} (frames/s)")
+    left.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="per second")
+    left.legend()
+    if "overhead_ratio" in rows[0]:
+        right.plot(c, [r["overhead_ratio"] for r in rows], "o-")
+        right.axhline(0.85, ls="--", c="g", label="goal 0.85")
+        right.set(xscale="log", ylim=(0, 1.1), xlabel="concurrent requests", ylabel="speechctl frames/s ÷ plain tokens/s")
+        right.legend()
+    m, env = result["model"], result["environment"]
+    fig.suptitle(f"{m['shape']} ({m['layers']}L, {m['hidden']}h, {m['codebooks']} codebooks), {env['device']}, vLLM {env['vllm']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

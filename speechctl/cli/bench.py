@@ -51,6 +51,10 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
         )
         if out:
             write_json_atomic(out, result)
+        if plot:
+            from speechctl.bench.throughput import plot_throughput
+
+            plot_throughput(result, plot)
         click.echo(json.dumps({"results": result["results"], "codec": result["codec"]}, indent=2))
         return
     if stream:
