@@ -4,7 +4,8 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM, graphs on/off, codec
-#   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B / CSM 1B vs transformers
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh csm          # CSM 1B vs transformers
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh stream       # time to first audio
 # Logs and JSON under $OUT; copy the JSON to docs/benchmarks/.
 set -uo pipefail
@@ -31,9 +32,13 @@ for stage in "$@"; do
         --repeats "${REPEATS:-2}" --out "$OUT/throughput-higgs-3b.json" --plot "$OUT/throughput-higgs-3b.png" 2> "$OUT/throughput.log" | tail -3
       grep -E "^c=|^codec|Error" "$OUT/throughput.log"
       ;;
-    families)
-      FAMILIES=${FAMILIES:-higgs_audio_v2} CONC=1,64 FRAMES=${FAM_FRAMES:-256} REPEATS=${REPEATS:-2} \
+    families)  # Higgs 3B; the JSON is rewritten after every row, so a timeout keeps what ran
+      FAMILIES=higgs_audio_v2 CONC=1,64 FRAMES=${FAM_FRAMES:-256} REPEATS=${REPEATS:-2} \
         timeout "${FAM_TIMEOUT:-400}" bash benchmarks/families_h200.sh bench
+      ;;
+    csm)  # CSM 1B: transformers' generate runs ~7 frames/s at batch 1, hence fewer frames
+      FAMILIES=csm CONC=1,64 FRAMES=${CSM_FRAMES:-64} REPEATS=${REPEATS:-2} \
+        timeout "${CSM_TIMEOUT:-400}" bash benchmarks/families_h200.sh bench
       ;;
     stream)
       timeout "${STREAM_TIMEOUT:-240}" python3 -m speechctl.cli bench --stream --no-turn --shape llama-1b --concurrency 1,16 --frames 128 \

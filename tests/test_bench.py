@@ -35,3 +35,15 @@ def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec()
         assert row["overhead_ratio"] == pytest.approx(row["eager_frames_per_s"] / row["plain_vllm_tokens_per_s"], rel=1e-2)
     codec = result["codec"]
     assert codec["requests"] == 4 and codec["batched_s"] > 0 and codec["one_by_one_s"] > 0
+
+
+def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
+    from speechctl.bench.families import run_family_bench
+
+    seen = []
+    result = run_family_bench("higgs_audio_v2", "tiny", concurrencies=(1, 2), frames=6, repeats=1,
+                              log=lambda row: None, partial=lambda r: seen.append(len(r["rows"])))
+    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [
+        ("speechctl", 1), ("speechctl", 2), ("transformers", 1), ("transformers", 2)]
+    assert seen == [1, 2, 3, 4]  # written after every row
+    assert all(r["frames_per_s"] > 0 for r in result["rows"])

@@ -61,7 +61,10 @@ def run_family_bench(
     transformers_too: bool = True,
     engine_overrides: dict | None = None,
     log=print,
+    partial=None,
 ) -> dict:
+    """``partial(result)`` is called with the result so far after every row (a run cut short by
+    a time limit still leaves its measured rows)."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
     from speechctl.models.families import family_of, read_model_config
 
@@ -98,19 +101,7 @@ def run_family_bench(
             return elapsed
 
         rows = []
-        for count in concurrencies:
-            speechctl_run(count)  # warm-up at this batch size
-            times = [speechctl_run(count) for _ in range(repeats)]
-            rows.append(_row("speechctl", count, frames, times))
-            log(rows[-1])
-        prompt_ids = workload(1)[0].prompt_ids
-        engine.shutdown()
-        if transformers_too:
-            for count in concurrencies:
-                times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
-                rows.append(_row("transformers", count, frames, times))
-                log(rows[-1])
-        return {
+        result = {
             "family": family,
             "size": size,
             "frames_per_request": frames,
@@ -119,6 +110,23 @@ def run_family_bench(
             "rows": rows,
             "environment": _environment(),
         }
+
+        def add(row: dict) -> None:
+            rows.append(row)
+            log(row)
+            if partial is not None:
+                partial(result)
+
+        for count in concurrencies:
+            speechctl_run(count)  # warm-up at this batch size
+            add(_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)]))
+        prompt_ids = workload(1)[0].prompt_ids
+        engine.shutdown()
+        if transformers_too:
+            for count in concurrencies:
+                times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
+                add(_row("transformers", count, frames, times))
+        return result
 
 
 def _row(system: str, count: int, frames: int, times: list[float]) -> dict:
@@ -183,15 +191,19 @@ def main(argv=None) -> None:
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    def write(result: dict) -> None:
+        if args.out:
+            from speechctl.audio import write_json_atomic
+
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(args.out, result)
+
     result = run_family_bench(
         args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
-        args.repeats, transformers_too=not args.no_transformers,
+        args.repeats, transformers_too=not args.no_transformers, partial=write,
     )
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    write(result)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
