@@ -45,9 +45,9 @@ def wer(hypotheses: list[str]) -> float:
 
 @pytest.fixture(scope="module")
 def asr():
-    from speechctl.cli.asr import load_whisper
+    from speechctl.cli.options import EngineChoice
 
-    return load_whisper(None)  # the engine the CLI commands of this process use too
+    return EngineChoice(None, 64, 4096, "auto").whisper()  # the engine the CLI commands of this process use too
 
 
 @pytest.fixture(scope="module")

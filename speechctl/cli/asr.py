@@ -9,33 +9,6 @@ import click
 from speechctl.asr.segments import FORMATS  # numpy only: --help stays light
 from speechctl.cli.options import EngineChoice, quiet_libraries, sampling_options, user_errors
 
-_LOADED: dict = {}  # commands run in one process (tests, scripts) share a loaded Whisper engine
-
-
-def load_whisper(model, max_num_seqs: int = 64, dtype: str = "auto"):
-    """A WhisperAsr for ``model`` (None = whisper-tiny.en), shared within the process."""
-    from speechctl.asr import WhisperAsr, WhisperConfig
-
-    key = (model, max_num_seqs, dtype)
-    if key not in _LOADED:
-        config = WhisperConfig(max_num_seqs=max_num_seqs, dtype=dtype)
-        _LOADED[key] = WhisperAsr(model, config)
-    return _LOADED[key]
-
-
-def batch_engines(engine: EngineChoice, items) -> tuple:
-    """(speech, asr) for a batch: ASR items run on Whisper when ``--model`` is a Whisper model or
-    not given; TTS items run on the speech LM (``--model``, default tiny). Either may be None."""
-    from speechctl.asr import is_whisper
-
-    tts = any(item.task == "tts" for item in items)
-    asr_items = any(item.task == "asr" for item in items)
-    whisper_asr = asr_items and is_whisper(engine.model)
-    explicit_whisper = engine.model is not None and is_whisper(engine.model)
-    speech = engine.speech() if (tts and not explicit_whisper) or (asr_items and not whisper_asr) else None
-    asr = load_whisper(engine.model, engine.config["max_num_seqs"], engine.config["dtype"]) if whisper_asr else None
-    return speech, asr
-
 
 @click.command("asr")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
@@ -94,7 +67,7 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
     if any(isinstance(job, AsrJob) for job in head):
         jobs_in = itertools.chain(head, pending)
         if whisper:
-            results = load_whisper(model, max_num_seqs, dtype).run(jobs_in, max_window=max_window)
+            results = choice.whisper().run(jobs_in, max_window=max_window)
         else:
             results = choice.speech().run(jobs_in)
     else:

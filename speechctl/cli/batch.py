@@ -32,9 +32,7 @@ def command(manifest, out_dir, sampling, engine):
         console.print(f"{skipped} item(s) already done in {out_dir}, skipped")
     report = None
     if items or errors:
-        from speechctl.cli.asr import batch_engines
-
-        speech, asr = batch_engines(engine, items)  # ASR items: Whisper unless --model is a speech LM
+        speech, asr = engine.batch_engines(items)  # ASR items: Whisper unless --model is a speech LM
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task("batch", total=len(items))

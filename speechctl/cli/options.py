@@ -56,6 +56,7 @@ def engine_options(fn):
 
 
 _LOADED: dict = {}  # commands run in one process (tests, scripts) share a loaded model
+_WHISPER: dict = {}  # ... and a loaded Whisper engine
 
 
 class EngineChoice:
@@ -80,6 +81,29 @@ class EngineChoice:
         if key not in _LOADED:
             _LOADED[key] = Speech(self.model, engine_config=EngineConfig(**self.config))
         return _LOADED[key]
+
+    def whisper(self):
+        """A WhisperAsr for the chosen model (None: whisper-tiny.en), shared within the process."""
+        from speechctl.asr import WhisperAsr, WhisperConfig
+
+        key = (self.model, self.config["max_num_seqs"], self.config["dtype"])
+        if key not in _WHISPER:
+            config = WhisperConfig(max_num_seqs=self.config["max_num_seqs"], dtype=self.config["dtype"])
+            _WHISPER[key] = WhisperAsr(self.model, config)
+        return _WHISPER[key]
+
+    def batch_engines(self, items) -> tuple:
+        """(speech, asr) for a batch: ASR items run on Whisper when ``--model`` is a Whisper model
+        or not given; TTS items run on the speech LM (``--model``, default tiny). Either may be
+        None."""
+        from speechctl.asr import is_whisper
+
+        tts = any(item.task == "tts" for item in items)
+        asr_items = any(item.task == "asr" for item in items)
+        whisper_asr = asr_items and is_whisper(self.model)
+        explicit_whisper = self.model is not None and is_whisper(self.model)
+        speech = self.speech() if (tts and not explicit_whisper) or (asr_items and not whisper_asr) else None
+        return speech, (self.whisper() if whisper_asr else None)
 
 
 def sampling_options(fn):
