@@ -218,5 +218,9 @@ def test_speech_api_with_a_context_voice(csm_path):
             assert r.error is None, r.error
             assert len(r.audio) == r.codes.shape[1] * speech.codec.hop_length
         assert not np.array_equal(results["plain"].codes, results["voice"].codes)
+        # Streaming reads the family's layout as it grows: the same audio as the one-shot run.
+        from test_streaming import assert_stream_equals_run
+
+        assert_stream_equals_run(speech, lambda: [TtsJob(id=f"s{i}", text=f"Streamed {i}.", seed=i, max_seconds=1.0) for i in range(3)])
     finally:
         speech.close()

@@ -219,6 +219,10 @@ def test_speech_api_and_models_command(higgs_path):
             assert r.codes.shape[0] == speech.codec.num_codebooks
             assert len(r.audio) == r.codes.shape[1] * speech.codec.hop_length
         assert not np.array_equal(results["plain"].codes, results["cloned"].codes)
+        # Streaming reads the family's layout as it grows: the same audio as the one-shot run.
+        from test_streaming import assert_stream_equals_run
+
+        assert_stream_equals_run(speech, lambda: [TtsJob(id=f"s{i}", text=f"Streamed {i}.", seed=i, max_seconds=1.0) for i in range(3)])
     finally:
         speech.close()
 

@@ -127,13 +127,14 @@ def _spec():
 
 def test_reader_reports_each_frame_once_every_stream_has_it():
     from speechctl.models.audio_stream import AudioEvent, AudioStreamReader
+    from speechctl.models.prompts import MultiStreamPrompts
 
     spec = _spec()
     codes = np.random.default_rng(2).integers(0, 64, (4, 9))
     steps = spec.pattern.build(codes).T  # [S, K]
     tokens = [spec.audio_id] * len(steps) + [spec.audio_eos_id]
     aux = np.concatenate([steps, np.zeros((1, 4), np.int64)])
-    reader = AudioStreamReader(spec, starts_in_audio=True)
+    reader = AudioStreamReader(MultiStreamPrompts(spec, None), starts_in_audio=True)
     frames, ended = [], False
     for i, tok in enumerate(tokens):  # one step at a time, as the engine streams them
         for event in reader.feed([tok], aux[i : i + 1]):
@@ -150,6 +151,7 @@ def test_reader_reports_each_frame_once_every_stream_has_it():
 def test_reader_splits_text_and_audio_segments():
     from speechctl.errors import EngineError
     from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
+    from speechctl.models.prompts import MultiStreamPrompts
 
     spec = _spec()
     rng = np.random.default_rng(3)
@@ -159,7 +161,7 @@ def test_reader_splits_text_and_audio_segments():
         steps = spec.pattern.build(codes).T
         tokens += [spec.audio_bos_id] + [spec.audio_id] * len(steps) + [spec.audio_eos_id, 33]
         aux += [np.zeros(4, np.int64)] + list(steps) + [np.zeros(4, np.int64)] * 2
-    reader = AudioStreamReader(spec, starts_in_audio=False)
+    reader = AudioStreamReader(MultiStreamPrompts(spec, None), starts_in_audio=False)
     events = []
     for i in range(0, len(tokens), 3):  # pieces of several steps
         events += reader.feed(tokens[i : i + 3], np.stack(aux[i : i + 3]))
@@ -169,7 +171,7 @@ def test_reader_splits_text_and_audio_segments():
     for segment, codes in enumerate((first, second)):
         got = [e.frames for e in events if isinstance(e, AudioEvent) and e.segment == segment]
         np.testing.assert_array_equal(np.concatenate(got, axis=1), codes)
-    cut = AudioStreamReader(spec, starts_in_audio=True)
+    cut = AudioStreamReader(MultiStreamPrompts(spec, None), starts_in_audio=True)
     cut.feed([spec.audio_id] * 3, np.zeros((3, 4), np.int64))
     with pytest.raises(EngineError, match="before the audio ended"):
         cut.finish()
@@ -207,6 +209,28 @@ def test_stream_tts_adds_up_to_run(speech):
         assert len(parts[0].audio) == 2 * hop  # a small first chunk
         assert len(parts) > 3 and parts[-1].last and not any(p.last for p in parts[:-1])
     assert speech.engine.scheduler_requests() == 0
+
+
+def assert_stream_equals_run(speech, make_jobs, rtol_of_peak: float = 1e-5) -> float:
+    """Streamed chunks of ``make_jobs()`` concatenate to ``Speech.run`` of the same jobs (same
+    length; samples within ``rtol_of_peak`` of the peak: the streaming decoder's windows sum in
+    another order). Returns the largest difference relative to the peak."""
+    whole = {r.id: r for r in speech.run(make_jobs())}
+    parts = {}
+    for chunk in speech.stream_tts(make_jobs(), first_chunk=2):
+        assert chunk.error is None, chunk.error
+        parts.setdefault(chunk.id, []).append(chunk.audio)
+    assert set(parts) == set(whole)
+    worst = 0.0
+    for id, chunks in parts.items():
+        assert whole[id].error is None, whole[id].error
+        audio, ref = np.concatenate(chunks), whole[id].audio
+        assert len(audio) == len(ref) > 0, id
+        peak = float(np.abs(ref).max()) or 1.0
+        worst = max(worst, float(np.abs(audio - ref).max()) / peak)
+    assert worst <= rtol_of_peak, f"streamed audio differs from the one-shot decode by {worst:.2e} of the peak"
+    assert speech.engine.scheduler_requests() == 0
+    return worst
 
 
 @pytest.mark.engine

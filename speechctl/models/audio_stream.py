@@ -4,13 +4,15 @@ The engine reports a ``stream`` request's new steps every step (``StreamOutput``
 token ids and ``[n, K]`` auxiliary tokens). ``AudioStreamReader`` turns them into events as soon as
 they are final:
 
-* audio frames: frame ``t`` of a segment is complete once step ``t + max(delays)`` of the segment
-  has arrived on every stream (``DelayPattern``: codebook ``k`` holds frame ``t`` at step
-  ``t + delays[k]``), and only while no stream has ended (the first frame holding a BOS/EOS/PAD
-  where a code belongs marks the end of the audio);
-* the end of a segment (``<|audio_eos|>``): the whole segment is read by
-  ``MultiStreamPrompts.audio_segments``, the reader of finished outputs (layout checked there), and
-  the frames not yet reported follow; streamed frames are the frames of the one-shot read;
+* audio frames: the model family's prompt builder says which frames of an open segment are final
+  given its steps so far (``final_frames``; generic layout: frame ``t`` once step
+  ``t + max(delays)`` exists on every stream, until a BOS/EOS/PAD stands where a code belongs;
+  Higgs: after its all-BOS frame, until an all-EOS frame; CSM: every frame as it comes, until the
+  end frame);
+* the end of a segment (``<|audio_eos|>``): the whole segment is read by the builder's
+  ``audio_segments``, the reader of finished outputs, and the frames not yet reported follow;
+  streamed frames must be the first frames of that read (an error otherwise, never silently
+  different audio);
 * text: primary tokens outside audio segments (unified chat replies).
 """
 
@@ -20,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechctl.engine.streams import StreamSpec
 from speechctl.errors import EngineError
 
 
@@ -46,14 +47,15 @@ class AudioStreamReader:
     is already audio; otherwise audio starts at each generated ``<|audio_bos|>``.
     """
 
-    def __init__(self, spec: StreamSpec, starts_in_audio: bool):
-        self.spec = spec
-        self.pattern = spec.pattern
+    def __init__(self, prompts, starts_in_audio: bool):
+        self.prompts = prompts  # the model family's prompt builder
+        self.spec = prompts.spec
+        self.pattern = self.spec.pattern
         self.segment = -1
         self._steps: list[np.ndarray] | None = None  # aux rows [K] of the open segment
         self._tokens: list[int] = []  # its primary tokens
         self._emitted = 0  # frames of the open segment already reported
-        self._ended = False  # the open segment's audio has ended (only the flush is left)
+        self._frames = None  # [K, n] final frames of the open segment so far
         if starts_in_audio:
             self._open()
 
@@ -63,7 +65,7 @@ class AudioStreamReader:
 
     def _open(self) -> None:
         self.segment += 1
-        self._steps, self._tokens, self._emitted, self._ended = [], [], 0, False
+        self._steps, self._tokens, self._emitted, self._frames = [], [], 0, None
 
     def feed(self, token_ids: list[int], aux: np.ndarray) -> list[AudioEvent | TextEvent]:
         """One piece: primary tokens and their ``[len(token_ids), K]`` auxiliary tokens."""
@@ -81,7 +83,7 @@ class AudioStreamReader:
                     text.append(tok)
             elif tok == s.audio_eos_id:
                 events += self._new_frames()
-                events.append(self._close())
+                events.append(self._close(np.asarray(aux[i])))
             else:
                 self._steps.append(np.asarray(aux[i]))
                 self._tokens.append(tok)
@@ -91,41 +93,41 @@ class AudioStreamReader:
             events += self._new_frames()
         return events
 
-    def finish(self) -> None:
-        """The request finished: an audio segment left open means it was cut short."""
-        if self._steps is not None:
-            raise EngineError("generation stopped before the audio ended (raise max_tokens)")
+    def finish(self) -> list[AudioEvent]:
+        """The request finished. An audio segment still open is read as the one-shot reader
+        reads the finished output: the rest of its frames where the family ends audio by length
+        (CSM), an error where that means it was cut short (the generic layout)."""
+        if self._steps is None:
+            return []
+        events = self._new_frames()
+        return events + [self._close(None)]
 
     def _new_frames(self) -> list[AudioEvent]:
-        if self._ended:
+        if not self._steps:
             return []
-        steps = self._steps
-        complete = len(steps) - self.pattern.max_delay  # frames present on every stream
-        if complete <= self._emitted:
+        self._frames = self.prompts.final_frames(np.stack(self._steps))
+        n = self._frames.shape[1]
+        if n <= self._emitted:
             return []
-        frames = []
-        for t in range(self._emitted, complete):
-            codes = np.array([steps[t + d][k] for k, d in enumerate(self.pattern.delays)])
-            if codes.min() < 0 or codes.max() >= self.pattern.codebook_size:
-                self._ended = True  # an EOS where a code would be: the audio has ended
-                break
-            frames.append(codes)
-        if not frames:
-            return []
-        self._emitted += len(frames)
-        return [AudioEvent(self.segment, np.stack(frames, axis=1).astype(np.int64))]
+        event = AudioEvent(self.segment, self._frames[:, self._emitted :].astype(np.int64))
+        self._emitted = n
+        return [event]
 
-    def _close(self) -> AudioEvent:
+    def _close(self, last_row: np.ndarray | None) -> AudioEvent:
+        """``last_row``: the auxiliary row of the segment's <|audio_eos|> step (one-shot reads see
+        it too); None when the request ended without one."""
         from speechctl.engine.engine import StreamOutput
-        from speechctl.models.prompts import MultiStreamPrompts
 
         K = self.pattern.num_streams
-        aux = np.stack(self._steps) if self._steps else np.zeros((0, K), np.int64)
-        segment_out = StreamOutput(None, self._tokens + [self.spec.audio_eos_id], np.concatenate([aux, np.zeros((1, K), aux.dtype)]), "stop")
-        (codes,) = MultiStreamPrompts(self.spec, None).audio_segments(segment_out, starts_in_audio=True)
-        if codes.shape[1] < self._emitted:
-            raise EngineError("audio streams came out malformed: frames streamed past the end")
-        rest = codes[:, self._emitted :].astype(np.int64)
+        rows, tokens = list(self._steps), list(self._tokens)
+        if last_row is not None:
+            rows.append(last_row)
+            tokens.append(self.spec.audio_eos_id)
+        segment_out = StreamOutput(None, tokens, np.stack(rows).reshape(-1, K) if rows else np.zeros((0, K), np.int64), "stop")
+        (codes,) = self.prompts.audio_segments(segment_out, starts_in_audio=True)
+        emitted = self._emitted
+        if codes.shape[1] < emitted or (emitted and not np.array_equal(codes[:, :emitted], self._frames[:, :emitted])):
+            raise EngineError("audio streams came out malformed: the finished audio differs from the frames streamed")
         segment = self.segment
         self._steps = None
-        return AudioEvent(segment, rest, ended=True)
+        return AudioEvent(segment, codes[:, emitted:].astype(np.int64), ended=True)

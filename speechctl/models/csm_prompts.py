@@ -99,12 +99,17 @@ class CsmPrompts:
         True)``: before the first frame whose K codes are all the end code, else all of them.
         The 3 non-code tokens a head may emit (2048-2050) are clipped into the codec's range
         (transformers' Mimi would index past its codebook)."""
-        frames = np.asarray(out.aux)  # [S, K]
-        ends = np.flatnonzero((frames == self.spec.rules.eos_frame).all(axis=1))
-        frames = frames[: ends[0]] if len(ends) else frames
-        if not len(frames):
+        codes = self.final_frames(np.asarray(out.aux))
+        if not codes.shape[1]:
             raise EngineError("the model ended the audio before its first frame")
-        return [np.clip(frames.T, 0, self.spec.pattern.codebook_size - 1)]
+        return [codes]
+
+    def final_frames(self, steps: np.ndarray) -> np.ndarray:
+        """[S, K] frames so far -> the [K, T] codes that are final: every codebook of a frame is
+        sampled in its step (no delays), up to the end frame."""
+        ends = np.flatnonzero((steps == self.spec.rules.eos_frame).all(axis=1))
+        frames = steps[: ends[0]] if len(ends) else steps
+        return np.clip(frames.T, 0, self.spec.pattern.codebook_size - 1).reshape(steps.shape[1], -1)
 
     def text(self, out: StreamOutput) -> str:
         return ""

@@ -109,19 +109,34 @@ class HiggsAudioV2Prompts:
         ``HiggsAudioV2Processor.batch_decode`` reads it: after the last all-BOS frame, up to the
         first all-EOS frame, delay pattern reverted, stray BOS/EOS clipped into the code range."""
         steps = np.asarray(out.aux)  # [S, K]
-        pat = self.spec.pattern
-        starts = np.flatnonzero((steps == pat.bos).all(axis=1))
+        starts = np.flatnonzero((steps == self.spec.pattern.bos).all(axis=1))
         if not len(starts):
             raise EngineError("audio streams came out malformed: no all-BOS frame")
-        steps = steps[starts[-1] + 1 :]
+        codes = self._frames(steps[starts[-1] + 1 :])
+        if not codes.shape[1]:
+            raise EngineError("the model ended the audio before its first frame")
+        return [codes]
+
+    def final_frames(self, steps: np.ndarray) -> np.ndarray:
+        """The frames of an audio segment still being generated that are already final, from its
+        steps so far ([S, K]): read from the first all-BOS frame (``audio_segments`` reads from
+        the last; they differ only if the model restarts its audio, which the streaming reader
+        reports as an error)."""
+        starts = np.flatnonzero((steps == self.spec.pattern.bos).all(axis=1))
+        if not len(starts):
+            return np.zeros((self.spec.num_codebooks, 0), np.int64)
+        return self._frames(steps[starts[0] + 1 :])
+
+    def _frames(self, steps: np.ndarray) -> np.ndarray:
+        """Rows after the all-BOS frame -> [K, T] codes: up to the first all-EOS row; frame t is
+        complete once row t + K - 1 exists."""
+        pat = self.spec.pattern
         ends = np.flatnonzero((steps == pat.eos).all(axis=1))
         steps = steps[: ends[0]] if len(ends) else steps
         K = pat.num_streams
-        frames = steps.shape[0] - K + 1
-        if frames < 1:
-            raise EngineError("the model ended the audio before its first frame")
-        codes = np.stack([steps[k : k + frames, k] for k in range(K)])
-        return [np.clip(codes, 0, pat.codebook_size - 1)]
+        frames = max(0, steps.shape[0] - K + 1)
+        codes = np.stack([steps[k : k + frames, k] for k in range(K)]).reshape(K, frames)
+        return np.clip(codes, 0, pat.codebook_size - 1)
 
     def text(self, out: StreamOutput) -> str:
         return ""

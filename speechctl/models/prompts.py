@@ -148,5 +148,15 @@ class MultiStreamPrompts:
             raise EngineError("generation stopped before the audio ended (raise max_tokens)")
         return segments
 
+    def final_frames(self, steps: np.ndarray) -> np.ndarray:
+        """The frames of an audio segment still being generated that are already final, from its
+        steps so far ([S, K]): frame t once step t + max(delays) exists on every stream, up to the
+        first frame holding a BOS/EOS/PAD where a code belongs (the audio has ended there)."""
+        pat = self.spec.pattern
+        n = max(0, len(steps) - pat.max_delay)
+        codes = np.stack([steps[d : d + n, k] for k, d in enumerate(pat.delays)]).reshape(pat.num_streams, n)
+        bad = ((codes < 0) | (codes >= pat.codebook_size)).any(axis=0)
+        return codes[:, : int(np.argmax(bad)) if bad.any() else n]
+
     def text(self, out: StreamOutput) -> str:
         return self.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()

@@ -77,7 +77,7 @@ class SpeechStreamer:
         """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
-        live = _Live(id, AudioStreamReader(self.engine.spec, request.starts_in_audio))
+        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio))
         self._live[id] = live
         self.engine.submit(dataclasses.replace(request, stream=True, tag=live))
 
@@ -119,7 +119,8 @@ class SpeechStreamer:
                     else:
                         self._audio(live, event, frames, ended)
                 if out.finished:
-                    live.reader.finish()
+                    for event in live.reader.finish():
+                        self._audio(live, event, frames, ended)
             except EngineError as e:
                 self._fail(live, f"{live.id}: {e}", events)
                 continue
