@@ -138,3 +138,12 @@ def test_kv_cache_manager_hands_out_held_blocks():
 
     assert "blocks" in KVCacheBlocks.__dataclass_fields__
     assert "self.coordinator.get_blocks(request_id)" in inspect.getsource(KVCacheManager.get_blocks)
+
+
+def test_vllm_env_cache_can_be_cleared():
+    """apply_engine_environment clears vllm.envs' read cache (enable_envs_cache wraps the
+    module's __getattr__ in functools.cache) so that later engines see new settings."""
+    import vllm.envs as envs
+
+    assert hasattr(envs, "enable_envs_cache")
+    assert "functools.cache(__getattr__)" in inspect.getsource(envs.enable_envs_cache)

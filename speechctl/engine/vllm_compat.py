@@ -72,6 +72,11 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
             raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(cores)} available")
         groups = [cores[i * per : (i + 1) * per] for i in range(tensor_parallel_size)]
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
+    # An engine built earlier in this process may have frozen vLLM's view of the environment
+    # (vllm.envs caches its reads once enable_envs_cache() ran): make it read again.
+    import vllm.envs as envs
+
+    getattr(envs.__getattr__, "cache_clear", lambda: None)()
 
 
 class StepView:
