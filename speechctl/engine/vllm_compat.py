@@ -333,6 +333,11 @@ class PairScheduling:
         hits = call.get("num_new_computed_tokens", 0) + call.get("num_external_computed_tokens", 0)
         if _is_running(request):
             partner_new = partner.num_tokens_with_spec + partner.num_output_placeholders - partner.num_computed_tokens
+            if num_new == 1 and partner_new == 1 and budget >= 2:
+                # A decode step: each member needs at most one new block (the common case, so
+                # skip counting the blocks they hold).
+                if self.kv_cache_manager.block_pool.get_num_free_blocks() >= 2:
+                    return True
             self_blocks = self._new_blocks(request, request.num_computed_tokens + num_new)
         else:
             if hits + num_new < request.num_tokens:
