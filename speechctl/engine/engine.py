@@ -67,6 +67,9 @@ class EngineConfig:
             limit_mm_per_prompt={"audio": self.max_audio_items},
             use_tqdm_on_load=self.load_progress,
             load_format=self.load_format,
+            # vLLM's per-request metrics cost host time every step; nothing here reads them
+            # (vLLM's own LLM class turns them off too).
+            disable_log_stats=True,
             # CFG pairs need a scheduler that keeps them in lock-step; without pairs it is
             # vLLM's own (async on GPU, where vLLM defaults to async scheduling).
             async_scheduling=on_gpu,
