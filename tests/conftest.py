@@ -29,3 +29,18 @@ def reference(tiny_checkpoint):
     from reference import ReferenceModel
 
     return ReferenceModel(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def engines_of_this_module():
+    """Start with engines of this module's own (also for its CLI calls): when vLLM frees an
+    engine it tears down process-wide state that every in-process engine steps with, so an
+    engine loaded by an earlier test module may fail here until a new one is made."""
+    import gc
+
+    from speechctl.cli import options
+    from speechctl.pipeline import build
+
+    options._LOADED.clear()
+    build._SHARED.clear()
+    gc.collect()  # free them now, not in the middle of a test

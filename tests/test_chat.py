@@ -18,7 +18,7 @@ from speechctl.cli import cli
 
 SAMPLES = Path(__file__).parent.parent / "samples"
 RATE = 16000
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("engines_of_this_module")]
 
 
 def run(*args):
@@ -38,19 +38,6 @@ def hello() -> np.ndarray:
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _engines_of_this_module():
-    """Start with engines of this module's own (also for its CLI calls): when vLLM frees an
-    engine it tears down process-wide state that every in-process engine steps with, so an
-    engine loaded by an earlier test module may fail here until a new one is made."""
-    import gc
-
-    from speechctl.cli import options
-    from speechctl.pipeline import build
-
-    options._LOADED.clear()
-    build._SHARED.clear()
-    gc.collect()  # free them now, not in the middle of a test
 
 
 QUICK = ["--max-reply-tokens", "40", "--max-seconds", "0.6", "--seed", "1"]

@@ -10,19 +10,7 @@ import pytest
 RATE = 16000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _engines_of_this_module():
-    """Start with engines of this module's own (also for its CLI calls): when vLLM frees an
-    engine it tears down process-wide state that every in-process engine steps with, so an
-    engine loaded by an earlier test module may fail here until a new one is made."""
-    import gc
-
-    from speechctl.cli import options
-    from speechctl.pipeline import build
-
-    options._LOADED.clear()
-    build._SHARED.clear()
-    gc.collect()  # free them now, not in the middle of a test
+pytestmark = pytest.mark.usefixtures("engines_of_this_module")  # tests/conftest.py
 
 
 # -- phrases --------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 the known-logit table checked against CTranslate2 itself."""
 
 import json
-import shutil
 import struct
 
 import numpy as np

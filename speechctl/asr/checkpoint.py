@@ -4,8 +4,6 @@ use from the bundled CTranslate2 weights into the cache) or a Hugging Face Whisp
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from speechctl.errors import ModelError
@@ -35,29 +33,19 @@ def ensure_whisper(name: str = DEFAULT_ASR_MODEL) -> Path:
     use, atomically, in the cache."""
     from speechctl.asr.convert import CONVERTER_VERSION, convert
     from speechctl.asr.probe import check_known_logits
-    from speechctl.models.tiny import cache_dir
+    from speechctl.models.tiny import cached_model
 
     if name not in BUILTIN:
         raise ModelError(f"unknown Whisper model '{name}' (built-in: {', '.join(BUILTIN)})")
     source, version = bundled_source()
-    target = cache_dir() / "models" / f"{name}-{SOURCE_PACKAGE}-{version}-c{CONVERTER_VERSION}"
-    if (target / "speechctl.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
+
+    def build(tmp: Path) -> None:
         record = convert(source, tmp)
         record["known_logit_max_diff"] = check_known_logits(tmp)
         record["package"] = f"{SOURCE_PACKAGE}=={version}"
         (tmp / "speechctl.json").write_text(json.dumps(record, indent=2) + "\n")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process converted it meanwhile
-            if not (target / "speechctl.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return cached_model(f"{name}-{SOURCE_PACKAGE}-{version}-c{CONVERTER_VERSION}", build, marker="speechctl.json")
 
 
 def whisper_dir(model: str | Path | None) -> Path | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speechctl.asr.segments import MAX_SECONDS, RATE, Segment, Window, join_text, plan_windows, segment
+from speechctl.asr.segments import MAX_SECONDS, RATE, Window, join_text, plan_windows, segment
 from speechctl.errors import SpeechctlError
 
 ENCODER_POSITIONS = 1500  # 30 s of audio after the encoder's stride-2 convolution

@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from speechctl.bench.cfg import _environment
 from speechctl.bench.shapes import SHAPES, describe

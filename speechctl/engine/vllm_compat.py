@@ -278,7 +278,7 @@ class PairScheduling:
         try:
             output = super().schedule(*args, **kwargs)
         finally:
-            step, self._step = self._step, None
+            self._step = None
         self._preempt_orphans(output)
         self._check_pairs(output)
         return output

@@ -36,7 +36,6 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.model_executor.models.llama import LlamaModel
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
@@ -45,10 +44,10 @@ from speechctl.engine.state import StreamRuntime
 from speechctl.models.families import csm_spec
 from speechctl.models.higgs_audio_v2 import AudioCodebookEmbedding
 from speechctl.models.multistream import (
-    AUDIO_PLACEHOLDER,
     CodesDummyInputsBuilder,
     CodesProcessingInfo,
     CodesProcessor,
+    StreamModel,
 )
 
 
@@ -167,15 +166,8 @@ class CsmDepthDecoder(nn.Module):
 @MULTIMODAL_REGISTRY.register_processor(
     CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
 )
-class CsmForConditionalGeneration(nn.Module, SupportsMultiModal):
-    packed_modules_mapping = {
-        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-        "gate_up_proj": ["gate_proj", "up_proj"],
-    }
-
-    @classmethod
-    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
-        return AUDIO_PLACEHOLDER if modality.startswith("audio") else None
+class CsmForConditionalGeneration(StreamModel):
+    backbone_name = "backbone_model"
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -200,65 +192,28 @@ class CsmForConditionalGeneration(nn.Module, SupportsMultiModal):
         )
         self.make_empty_intermediate_tensors = self.backbone_model.make_empty_intermediate_tensors
 
-    def get_language_model(self) -> nn.Module:
-        return self.backbone_model
-
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
         """Context turns: [K, T + 1] steps per item (T frames, then the layout's end step, which
         is CSM's end frame of zeros) -> [T + 1, H]."""
-        steps = kwargs.get("audio_steps")
-        if steps is None:
-            return []
-        if isinstance(steps, torch.Tensor):
-            steps = list(steps.unbind(0))
         out = []
-        for item in steps:
+        for item in self._audio_items(kwargs):
             frames = item.to(self.lm_head.weight.device, torch.int64).T.clone()
             frames[-1] = self.spec.rules.eos_frame
             out.append(self.backbone_model.embed_tokens(frames))
         return out
 
-    def embed_input_ids(
-        self,
-        input_ids: torch.Tensor,
-        multimodal_embeddings=None,
-        *,
-        is_multimodal: torch.Tensor | None = None,
-        **kwargs,
-    ) -> torch.Tensor:
+    def _embed_streams(self, input_ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
         """[n] scheduled text ids -> [n, H]: text embedding at text positions, the frame's summed
         codebook embeddings at audio positions (generated frames from the stream runtime,
         context audio from the multimodal items)."""
-        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
-        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
-        if has_mm:
-            mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
-            mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
-            emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
-        return emb
-
-    def _embed_streams(self, input_ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
         is_audio = (input_ids == self.spec.audio_id) | (input_ids == self.spec.audio_eos_id)
         text = self.embed_text_tokens(input_ids)
         return torch.where(is_audio[:, None], self.backbone_model.embed_tokens(aux).to(text.dtype), text)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        intermediate_tensors=None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: object,
-    ) -> torch.Tensor:
-        return self.backbone_model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Codebook 0 from ``lm_head``, 1..K-1 from the depth decoder, each sampled on the device;
         the primary logits start empty (no text head) and the runtime makes them one-hot.
         On CUDA the whole frame (backbone head, depth decoder, sampling) is one graph replay."""
-        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
-
-    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         runtime = self.stream_runtime
         first = runtime.sample_codebook(self.lm_head(hidden_states), 0)
         frame = self.depth_decoder.decode_frame(

@@ -44,7 +44,6 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.models.interfaces import SupportsMultiModal
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
@@ -52,10 +51,10 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from speechctl.engine.state import StreamRuntime
 from speechctl.models.families import higgs_audio_v2_spec
 from speechctl.models.multistream import (
-    AUDIO_PLACEHOLDER,
     CodesDummyInputsBuilder,
     CodesProcessingInfo,
     CodesProcessor,
+    StreamModel,
 )
 
 
@@ -120,16 +119,7 @@ class AudioCodebookEmbedding(nn.Module):
 @MULTIMODAL_REGISTRY.register_processor(
     CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
 )
-class HiggsAudioV2ForConditionalGeneration(nn.Module, SupportsMultiModal):
-    packed_modules_mapping = {
-        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-        "gate_up_proj": ["gate_proj", "up_proj"],
-    }
-
-    @classmethod
-    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
-        return AUDIO_PLACEHOLDER if modality.startswith("audio") else None
-
+class HiggsAudioV2ForConditionalGeneration(StreamModel):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -156,60 +146,23 @@ class HiggsAudioV2ForConditionalGeneration(nn.Module, SupportsMultiModal):
         )
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
-    def get_language_model(self) -> nn.Module:
-        return self.model
-
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
         """Voice prompts: [K, S] delay-interleaved steps per item -> [S, H] audio embeddings."""
-        steps = kwargs.get("audio_steps")
-        if steps is None:
-            return []
-        if isinstance(steps, torch.Tensor):
-            steps = list(steps.unbind(0))
         embed = self.model.embed_audio_tokens
-        return [embed(item.to(self.audio_mask.device, torch.int64).T) for item in steps]
+        return [embed(item.to(self.audio_mask.device, torch.int64).T) for item in self._audio_items(kwargs)]
 
-    def embed_input_ids(
-        self,
-        input_ids: torch.Tensor,
-        multimodal_embeddings=None,
-        *,
-        is_multimodal: torch.Tensor | None = None,
-        **kwargs,
-    ) -> torch.Tensor:
+    def _embed_streams(self, input_ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
         """[n] scheduled text ids -> [n, H]: text embedding at text positions, the sum of the
         codebook embeddings (generated tokens from the stream runtime, prompt audio from the
         multimodal items) at audio positions. Also fills ``audio_mask`` for the layers."""
-        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
-        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
-        if has_mm:
-            mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
-            mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
-            emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
-        return emb
-
-    def _embed_streams(self, input_ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
         is_audio = (input_ids == self.audio_ids[0]) | (input_ids == self.audio_ids[1])
         text = self.model.embed_input_ids(input_ids)
         self.audio_mask[: input_ids.shape[0], 0].copy_(is_audio)
         return torch.where(is_audio[:, None], self.model.embed_audio_tokens(aux).to(text.dtype), text)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        intermediate_tensors=None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: object,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Codebook logits from ``audio_lm_head``; the primary logits start empty (there is no
         text head) and the stream runtime makes them one-hot on the ruled token."""
-        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
-
-    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         K, V = self.spec.num_codebooks, self.spec.pattern.vocab_size
         aux_logits = self.audio_lm_head(hidden_states).view(-1, K, V)
         logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)

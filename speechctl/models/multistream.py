@@ -144,13 +144,17 @@ class CodesProcessor(CodesProcessorHooks, BaseMultiModalProcessor[CodesProcessin
         ]
 
 
-# -- the model ---------------------------------------------------------------------------------
+# -- the shared model surface --------------------------------------------------------------------
 
 
-@MULTIMODAL_REGISTRY.register_processor(
-    CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
-)
-class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
+class StreamModel(nn.Module, SupportsMultiModal):
+    """What every multi-stream model shares with vLLM: the multimodal audio hooks, embedding of
+    the scheduled tokens through the stream runtime (``_embed_streams(ids, aux)``; CUDA-graphed on
+    decode steps), the backbone's forward (``backbone_name``) and the heads + sampling
+    (``_heads(hidden)``; CUDA-graphed too). A family supplies those two functions, its
+    ``__init__`` (setting ``stream_runtime``) and its weight loading."""
+
+    backbone_name = "model"
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
@@ -160,6 +164,54 @@ class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
         return AUDIO_PLACEHOLDER if modality.startswith("audio") else None
 
+    def get_language_model(self) -> nn.Module:
+        return getattr(self, self.backbone_name)
+
+    @staticmethod
+    def _audio_items(kwargs) -> list[torch.Tensor]:
+        """The [K, S] delay-interleaved steps of each prompt audio item."""
+        steps = kwargs.get("audio_steps")
+        if steps is None:
+            return []
+        return list(steps.unbind(0)) if isinstance(steps, torch.Tensor) else list(steps)
+
+    def embed_input_ids(
+        self,
+        input_ids: torch.Tensor,
+        multimodal_embeddings=None,
+        *,
+        is_multimodal: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
+        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
+        if has_mm:
+            mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
+            mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
+            emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
+        return emb
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        return self.get_language_model()(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
+)
+class MultiStreamForCausalLM(StreamModel):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -192,55 +244,18 @@ class MultiStreamForCausalLM(nn.Module, SupportsMultiModal):
         )
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
-    def get_language_model(self) -> nn.Module:
-        return self.model
-
     def _embed_streams(self, primary: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
         """primary [n], aux [n, K] -> [n, H]: sum of the K+1 stream embeddings."""
         emb = self.model.embed_input_ids(primary)
         return emb + self.audio_embed(aux + self.stream_offsets).sum(dim=1)
 
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
-        steps = kwargs.get("audio_steps")
-        if steps is None:
-            return []
-        if isinstance(steps, torch.Tensor):
-            steps = list(steps.unbind(0))
         out = []
-        for item in steps:  # [K, S]
+        for item in self._audio_items(kwargs):  # [K, S]
             item = item.to(self.stream_offsets.device, torch.int64).T
             primary = torch.full_like(item[:, 0], self.spec.audio_id)
             out.append(self._embed_streams(primary, item))
         return out
-
-    def embed_input_ids(
-        self,
-        input_ids: torch.Tensor,
-        multimodal_embeddings=None,
-        *,
-        is_multimodal: torch.Tensor | None = None,
-        **kwargs,
-    ) -> torch.Tensor:
-        has_mm = multimodal_embeddings is not None and len(multimodal_embeddings) > 0 and is_multimodal is not None
-        emb = self.stream_runtime.embed_inputs(self._embed_streams, input_ids, graphable=not has_mm)
-        if has_mm:
-            mm = torch.cat(list(multimodal_embeddings), dim=0).to(emb.dtype)
-            mask = is_multimodal.to(emb.device, non_blocking=True)  # vLLM builds it on the CPU
-            emb = emb.masked_scatter(mask.unsqueeze(-1), mm)
-        return emb
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        intermediate_tensors=None,
-        inputs_embeds: torch.Tensor | None = None,
-        **kwargs: object,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.stream_runtime.graphed_logits(self._heads, hidden_states)
 
     def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         # Tensor parallelism: vLLM all-gathers the primary logits to every rank, and the audio

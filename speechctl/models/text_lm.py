@@ -10,8 +10,6 @@ its place.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from speechctl.errors import ModelError
@@ -77,24 +75,10 @@ def create_tiny_lm(path: str | Path, seed: int = 0) -> Path:
 
 
 def ensure_tiny_lm() -> Path:
-    """The embedded response LM, created on first use (atomically) in the cache."""
-    from speechctl.models.tiny import cache_dir
+    """The embedded response LM, created on first use in the cache."""
+    from speechctl.models.tiny import cached_model
 
-    target = cache_dir() / "models" / f"tiny-lm-v{TINY_LM_VERSION}"
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-lm-", dir=target.parent))
-    try:
-        create_tiny_lm(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_model(f"tiny-lm-v{TINY_LM_VERSION}", create_tiny_lm)
 
 
 def resolve_text_lm(name: str | None) -> Path:

@@ -173,20 +173,26 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def ensure_tiny() -> Path:
-    """The embedded default model, created on first use (atomically) in the cache."""
-    target = cache_dir() / "models" / f"tiny-v{TINY_VERSION}"
-    if (target / "config.json").exists():
+def cached_model(name: str, build, marker: str = "config.json") -> Path:
+    """``cache_dir()/models/name``, built on first use by ``build(tmp_dir)`` and moved into place
+    atomically (``marker`` exists once it is complete; a concurrent builder may win the race)."""
+    target = cache_dir() / "models" / name
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        create_multistream_checkpoint(tmp, MultiStreamRecipe())
+        build(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process won the race
-            if not (target / "config.json").exists():
+            if not (target / marker).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_tiny() -> Path:
+    """The embedded default model, created on first use in the cache."""
+    return cached_model(f"tiny-v{TINY_VERSION}", lambda tmp: create_multistream_checkpoint(tmp, MultiStreamRecipe()))
