@@ -106,20 +106,13 @@ def create_csm_checkpoint(path: str | os.PathLike, recipe: CsmRecipe | None = No
     """Write config.json, model.safetensors (random, Mimi included) and the tokenizer to ``path``."""
     from transformers import CsmForConditionalGeneration
 
+    from speechctl.models.tiny import save_random_model
     from speechctl.models.tokenizer import byte_tokenizer
 
     recipe = recipe or CsmRecipe()
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = csm_config(recipe)
-    if recipe.weights:
-        torch.manual_seed(recipe.seed)
-        model = CsmForConditionalGeneration(config).eval()
-        _randomize(model, recipe)
-        model.to(getattr(torch, recipe.dtype)).save_pretrained(path)
-    else:
-        config.architectures = ["CsmForConditionalGeneration"]
-        config.save_pretrained(path)
+    save_random_model(path, CsmForConditionalGeneration, csm_config(recipe), recipe, _randomize)
     tok = byte_tokenizer(SPECIAL_TOKENS)
     tok.eos_token, tok.bos_token, tok.pad_token = "<|end_of_text|>", "<|begin_of_text|>", "<|pad|>"
     tok.save_pretrained(path)

@@ -109,20 +109,13 @@ def create_higgs_checkpoint(path: str | os.PathLike, recipe: HiggsRecipe | None 
     """Write config.json, model.safetensors (random), tokenizer and audio_tokenizer/ to ``path``."""
     from transformers import HiggsAudioV2ForConditionalGeneration
 
+    from speechctl.models.tiny import save_random_model
     from speechctl.models.tokenizer import byte_tokenizer
 
     recipe = recipe or HiggsRecipe()
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = higgs_config(recipe)
-    if recipe.weights:
-        torch.manual_seed(recipe.seed)
-        model = HiggsAudioV2ForConditionalGeneration(config).eval()
-        _randomize(model, recipe)
-        model.to(getattr(torch, recipe.dtype)).save_pretrained(path)
-    else:
-        config.architectures = ["HiggsAudioV2ForConditionalGeneration"]
-        config.save_pretrained(path)
+    save_random_model(path, HiggsAudioV2ForConditionalGeneration, higgs_config(recipe), recipe, _randomize)
     tok = byte_tokenizer(SPECIAL_TOKENS)
     tok.pad_token, tok.bos_token, tok.eos_token = SPECIAL_TOKENS[:3]
     tok.save_pretrained(path)

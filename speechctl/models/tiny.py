@@ -166,6 +166,20 @@ def _write_weights(path: Path, recipe: MultiStreamRecipe, config, spec: StreamSp
     save_file({k: v.to(dtype) for k, v in tensors.items()}, str(path / "model.safetensors"))
 
 
+def save_random_model(path: Path, model_class, config, recipe, randomize) -> None:
+    """A transformers model of ``config`` with weights drawn by ``randomize(model, recipe)`` from
+    ``recipe.seed``, saved with ``save_pretrained``; with ``recipe.weights`` False only the config
+    (vLLM's ``load_format="dummy"`` makes the weights)."""
+    if recipe.weights:
+        torch.manual_seed(recipe.seed)
+        model = model_class(config).eval()
+        randomize(model, recipe)
+        model.to(getattr(torch, recipe.dtype)).save_pretrained(path)
+    else:
+        config.architectures = [model_class.__name__]
+        config.save_pretrained(path)
+
+
 def cache_dir() -> Path:
     root = os.environ.get("SPEECHCTL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "speechctl"
