@@ -52,7 +52,8 @@ class AudioStreamReader:
         self.spec = prompts.spec
         self.pattern = self.spec.pattern
         self.segment = -1
-        self._steps: list[np.ndarray] | None = None  # aux rows [K] of the open segment
+        self._steps: np.ndarray | None = None  # [capacity, K] aux rows of the open segment
+        self._n = 0  # rows of it in use
         self._tokens: list[int] = []  # its primary tokens
         self._emitted = 0  # frames of the open segment already reported
         self._frames = None  # [K, n] final frames of the open segment so far
@@ -65,7 +66,8 @@ class AudioStreamReader:
 
     def _open(self) -> None:
         self.segment += 1
-        self._steps, self._tokens, self._emitted, self._frames = [], [], 0, None
+        self._steps = np.empty((64, self.pattern.num_streams), np.int64)  # grows by doubling
+        self._n, self._tokens, self._emitted, self._frames = 0, [], 0, None
 
     def feed(self, token_ids: list[int], aux: np.ndarray) -> list[AudioEvent | TextEvent]:
         """One piece: primary tokens and their ``[len(token_ids), K]`` auxiliary tokens."""
@@ -85,7 +87,10 @@ class AudioStreamReader:
                 events += self._new_frames()
                 events.append(self._close(np.asarray(aux[i])))
             else:
-                self._steps.append(np.asarray(aux[i]))
+                if self._n == len(self._steps):
+                    self._steps = np.concatenate([self._steps, np.empty_like(self._steps)])
+                self._steps[self._n] = aux[i]
+                self._n += 1
                 self._tokens.append(tok)
         if text:
             events.append(TextEvent(text))
@@ -103,9 +108,9 @@ class AudioStreamReader:
         return events + [self._close(None)]
 
     def _new_frames(self) -> list[AudioEvent]:
-        if not self._steps:
+        if not self._n:
             return []
-        self._frames = self.prompts.final_frames(np.stack(self._steps))
+        self._frames = self.prompts.final_frames(self._steps[: self._n])
         n = self._frames.shape[1]
         if n <= self._emitted:
             return []
@@ -119,11 +124,11 @@ class AudioStreamReader:
         from speechctl.engine.engine import StreamOutput
 
         K = self.pattern.num_streams
-        rows, tokens = list(self._steps), list(self._tokens)
+        rows, tokens = self._steps[: self._n], list(self._tokens)
         if last_row is not None:
-            rows.append(last_row)
+            rows = np.concatenate([rows, np.asarray(last_row, np.int64).reshape(1, K)])
             tokens.append(self.spec.audio_eos_id)
-        segment_out = StreamOutput(None, tokens, np.stack(rows).reshape(-1, K) if rows else np.zeros((0, K), np.int64), "stop")
+        segment_out = StreamOutput(None, tokens, rows, "stop")
         (codes,) = self.prompts.audio_segments(segment_out, starts_in_audio=True)
         emitted = self._emitted
         if codes.shape[1] < emitted or (emitted and not np.array_equal(codes[:, :emitted], self._frames[:, :emitted])):
