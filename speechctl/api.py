@@ -233,6 +233,17 @@ class Speech:
         self.engine.shutdown()
 
 
+_LOADED: dict = {}  # engines loaded in this process, by what they were loaded with
+
+
+def shared(key: tuple, make):
+    """The engine loaded under ``key`` in this process, made by ``make()`` on first use: commands,
+    pipelines and tests that run in one process share loaded models."""
+    if key not in _LOADED:
+        _LOADED[key] = make()
+    return _LOADED[key]
+
+
 def load_asr(model: str | Path | None = None, *, engine_config=None, whisper_config=None):
     """The engine for ASR jobs: Whisper (``speechctl.asr.WhisperAsr``) when ``model`` is a
     Whisper model or None (the default, whisper-tiny.en), else a multi-stream :class:`Speech`.

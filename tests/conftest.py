@@ -38,9 +38,7 @@ def engines_of_this_module():
     engine loaded by an earlier test module may fail here until a new one is made."""
     import gc
 
-    from speechctl.cli import options
-    from speechctl.pipeline import build
+    from speechctl import api
 
-    options._LOADED.clear()
-    build._SHARED.clear()
+    api._LOADED.clear()
     gc.collect()  # free them now, not in the middle of a test

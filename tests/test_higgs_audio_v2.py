@@ -232,7 +232,7 @@ def test_cli_voice_with_its_transcript(higgs_path, tmp_path):
     from click.testing import CliRunner
 
     from speechctl.cli import cli
-    from speechctl.cli.options import _LOADED
+    from speechctl.api import _LOADED
 
     from speechctl.models.catalog import codec_sample_rate
 
@@ -251,7 +251,7 @@ def test_cli_voice_with_its_transcript(higgs_path, tmp_path):
     assert len(bare) != len(transcribed) or not np.array_equal(bare, transcribed), "the transcript changed nothing"
     result = CliRunner().invoke(cli, ["tts", "Hi", "-o", str(tmp_path / "x.wav"), "--voice-text", "orphan"])
     assert result.exit_code != 0 and "--voice-text needs --voice" in result.output
-    for key in [k for k in _LOADED if k[0] == str(higgs_path)]:
+    for key in [k for k in _LOADED if k[:2] == ("speech", str(higgs_path))]:
         _LOADED.pop(key).close()
 
 

@@ -60,13 +60,13 @@ def test_cli_passes_tensor_parallel_size_to_vllm(tmp_path):
     from click.testing import CliRunner
 
     from speechctl.cli import cli
-    from speechctl.cli.options import _LOADED
+    from speechctl.api import _LOADED
 
     out = tmp_path / "tp.wav"
     result = CliRunner().invoke(cli, ["tts", "Hello there", "-o", str(out), "--tensor-parallel-size", "2", "--max-num-seqs", "4"])
     assert result.exit_code == 0, result.output
     assert sf.info(str(out)).frames > 0
-    (key,) = [key for key in _LOADED if ("tensor_parallel_size", 2) in key[1]]
+    (key,) = [key for key in _LOADED if key[0] == "speech" and ("tensor_parallel_size", 2) in key[2]]
     speech = _LOADED.pop(key)
     assert len(speech.engine.rank_digests()) == 2  # two workers: vLLM really ran two ranks
     speech.engine.shutdown()

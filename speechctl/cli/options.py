@@ -55,8 +55,6 @@ def engine_options(fn):
     return wrapper
 
 
-_LOADED: dict = {}  # commands run in one process (tests, scripts) share a loaded model
-_WHISPER: dict = {}  # ... and a loaded Whisper engine
 
 
 class EngineChoice:
@@ -74,23 +72,19 @@ class EngineChoice:
         return codec_sample_rate(resolve_model(self.model))
 
     def speech(self):
-        from speechctl.api import Speech
+        from speechctl.api import Speech, shared
         from speechctl.engine.engine import EngineConfig
 
-        key = (self.model, tuple(sorted(self.config.items())))
-        if key not in _LOADED:
-            _LOADED[key] = Speech(self.model, engine_config=EngineConfig(**self.config))
-        return _LOADED[key]
+        key = ("speech", self.model, tuple(sorted(self.config.items())))
+        return shared(key, lambda: Speech(self.model, engine_config=EngineConfig(**self.config)))
 
     def whisper(self):
         """A WhisperAsr for the chosen model (None: whisper-tiny.en), shared within the process."""
+        from speechctl.api import shared
         from speechctl.asr import WhisperAsr, WhisperConfig
 
-        key = (self.model, self.config["max_num_seqs"], self.config["dtype"])
-        if key not in _WHISPER:
-            config = WhisperConfig(max_num_seqs=self.config["max_num_seqs"], dtype=self.config["dtype"])
-            _WHISPER[key] = WhisperAsr(self.model, config)
-        return _WHISPER[key]
+        n, dtype = self.config["max_num_seqs"], self.config["dtype"]
+        return shared(("whisper", self.model, n, dtype), lambda: WhisperAsr(self.model, WhisperConfig(max_num_seqs=n, dtype=dtype)))
 
     def batch_engines(self, items) -> tuple:
         """(speech, asr) for a batch: ASR items run on Whisper when ``--model`` is a Whisper model

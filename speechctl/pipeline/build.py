@@ -15,10 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from speechctl.pipeline.lm import LmConfig, LmStage, TextLm
+from speechctl.api import shared
 from speechctl.pipeline.stage import Pipeline
-
-_SHARED: dict = {}
-
 
 @dataclass
 class ChatConfig:
@@ -36,13 +34,6 @@ class ChatConfig:
     @property
     def chunking(self) -> dict:
         return dict(first_chunk=self.first_chunk, growth=self.growth, max_chunk=self.max_chunk)
-
-
-def shared(key: tuple, make):
-    """The engine loaded under ``key`` in this process, made on first use."""
-    if key not in _SHARED:
-        _SHARED[key] = make()
-    return _SHARED[key]
 
 
 def load_asr_engine(model: str | None = None, gpu_fraction: float = 0.1):
