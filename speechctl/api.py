@@ -4,6 +4,7 @@
     speech = Speech()                      # the embedded "tiny" model; Speech("path/to/ckpt")
     result = speech.tts("Hello world")     # TtsResult: .audio (float32), .sample_rate, .codes
     for r in speech.run(jobs): ...         # many TTS/ASR jobs through one continuously batched engine
+    Speech(engine_config=EngineConfig(data_parallel_size=2)).run(jobs)  # replicas, job order
     for c in speech.stream_tts("Hi"): ...  # TtsChunk: audio pieces as they are generated
     asr = load_asr()                       # ASR with real weights: Whisper tiny.en (speechctl.asr)
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
-from speechctl.errors import InputError, SpeechctlError
+from speechctl.errors import EngineError, InputError, SpeechctlError
 
 DEFAULT_TEXT = Sampling(temperature=0.0)
 DEFAULT_AUDIO = Sampling(temperature=0.9, top_k=50)
@@ -108,7 +109,12 @@ class _Pending:
 
 
 class Speech:
-    """A model, its engine and its codec, ready to run TTS and ASR jobs."""
+    """A model, its engine and its codec, ready to run TTS and ASR jobs.
+
+    With ``engine_config.data_parallel_size`` N > 1 it holds N replicas instead (processes, each
+    a ``Speech`` on its own GPUs; ``speechctl.engine.data_parallel``): ``run``/``tts``/``asr``
+    split whole jobs over them (job i on replica i % N, so a CFG pair stays on one) and return
+    results in job order; streaming needs one engine."""
 
     def __init__(self, model: str | Path | None = None, *, engine_config=None, device: str | None = None):
         from speechctl.codecs import load_codec
@@ -117,15 +123,31 @@ class Speech:
         from speechctl.models.families import family_of, read_model_config
 
         self.model_dir = resolve_model(str(model) if model is not None else None)
+        self.replicas = None
+        if engine_config is not None and engine_config.data_parallel_size > 1:
+            self._start_replicas(engine_config)
+            return
         self.engine = SpeechEngine(self.model_dir, engine_config)
         family = family_of(read_model_config(self.model_dir))  # the prompt format of its architecture
         self.prompts = family.prompt_builder(self.engine.spec, self.engine.tokenizer)
         device = device or ("cuda" if _has_cuda() else "cpu")
         self.codec = load_codec(codec_dir(self.model_dir), device=device)
 
+    def _start_replicas(self, config) -> None:
+        import functools
+        from dataclasses import replace
+
+        from speechctl.engine.data_parallel import ReplicaPool
+        from speechctl.models.catalog import codec_sample_rate
+
+        self.engine = self.prompts = self.codec = None  # they live in the replicas
+        self._sample_rate = codec_sample_rate(self.model_dir)
+        one = functools.partial(Speech, self.model_dir, engine_config=replace(config, data_parallel_size=1))
+        self.replicas = ReplicaPool(one, config.data_parallel_size, tensor_parallel_size=config.tensor_parallel_size)
+
     @property
     def sample_rate(self) -> int:
-        return self.codec.sample_rate
+        return self._sample_rate if self.replicas else self.codec.sample_rate
 
     # -- one-shot helpers ----------------------------------------------------------------------
 
@@ -145,7 +167,11 @@ class Speech:
 
     def run(self, jobs: Iterable[Job]) -> Iterator[Result]:
         """Run jobs through the engine together (continuous batching); yield results as they
-        finish. Inputs are encoded and outputs decoded by the codec in batches."""
+        finish (in job order with data parallelism). Inputs are encoded and outputs decoded by the
+        codec in batches."""
+        if self.replicas:
+            yield from self.replicas.run(jobs)
+            return
         failed: deque[Result] = deque()
         requests = self._requests(iter(jobs), failed)
         for outputs in self.engine.generate_steps(requests):
@@ -163,6 +189,8 @@ class Speech:
         ``speechctl.codecs.streaming``."""
         from speechctl.pipeline.streamer import SpeechStreamer
 
+        if self.replicas:
+            raise EngineError("streaming runs on one engine: use data_parallel_size 1")
         if isinstance(jobs, str):
             jobs = [TtsJob(id="text", text=jobs, **options)]
         streamer = SpeechStreamer(self, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
@@ -230,7 +258,10 @@ class Speech:
                 yield TtsResult(job.id, wave, self.sample_rate, codes=segment)
 
     def close(self) -> None:
-        self.engine.shutdown()
+        if self.replicas:
+            self.replicas.close()
+        else:
+            self.engine.shutdown()
 
 
 _LOADED: dict = {}  # engines loaded in this process, by what they were loaded with

@@ -35,6 +35,7 @@ def command(input_path, output_path, mode, lm_model, asr_model, max_reply_tokens
     from speechctl.errors import InputError
     from speechctl.pipeline.vad import VadConfig
 
+    engine.one_engine("chat")
     if output_path and not input_path:
         raise InputError("--output needs --input (a live chat plays its replies)")
     if output_path:

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from speechctl.errors import SpeechctlError
+from speechctl.errors import InputError, SpeechctlError
 
 
 def quiet_libraries(verbose: bool) -> None:
@@ -45,11 +45,12 @@ def engine_options(fn):
     @click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Longest prompt + output, in steps.")
     @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
     @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (CPU: cores groups), vLLM's tensor parallelism.")
+    @click.option("--data-parallel-size", "-dp", type=click.IntRange(1), default=1, show_default=True, help="Batch: run this many engine replicas, each on its own GPUs (CPU: cores), whole items split round robin (vLLM's data parallelism).")
     @click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
     @functools.wraps(fn)
-    def wrapper(*args, model, max_num_seqs, max_model_len, dtype, tensor_parallel_size, verbose, **kwargs):
+    def wrapper(*args, model, max_num_seqs, max_model_len, dtype, tensor_parallel_size, data_parallel_size, verbose, **kwargs):
         quiet_libraries(verbose)
-        kwargs["engine"] = EngineChoice(model, max_num_seqs, max_model_len, dtype, tensor_parallel_size)
+        kwargs["engine"] = EngineChoice(model, max_num_seqs, max_model_len, dtype, tensor_parallel_size, data_parallel_size)
         return fn(*args, **kwargs)
 
     return wrapper
@@ -60,10 +61,15 @@ def engine_options(fn):
 class EngineChoice:
     """What the user chose on the command line; ``speech()`` builds the model lazily."""
 
-    def __init__(self, model, max_num_seqs, max_model_len, dtype, tensor_parallel_size=1):
+    def __init__(self, model, max_num_seqs, max_model_len, dtype, tensor_parallel_size=1, data_parallel_size=1):
         self.model = model
         self.config = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype,
-                           tensor_parallel_size=tensor_parallel_size)
+                           tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size)
+
+    def one_engine(self, command: str) -> None:
+        """Commands that run one engine (one text, a conversation) refuse data parallelism."""
+        if self.config["data_parallel_size"] > 1:
+            raise InputError(f"{command} runs one engine: --data-parallel-size is for speechctl batch (many items over replicas)")
 
     def sample_rate(self) -> int:
         """The model's audio rate, read from its files without loading it."""

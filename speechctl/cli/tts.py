@@ -25,6 +25,7 @@ def command(text, output, voice, voice_text, fmt, max_seconds, stream, raw, firs
     from speechctl.audio import read_audio, resolve_audio_format, write_audio
     from speechctl.errors import InputError
 
+    engine.one_engine("tts")
     if output is None and not stream:
         raise InputError("no output: give -o FILE (- for stdout), or --stream to play on the speaker")
     if raw and not (stream and output == "-"):

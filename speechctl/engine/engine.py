@@ -47,6 +47,9 @@ class EngineConfig:
     dtype: str = "auto"
     seed: int = 0
     tensor_parallel_size: int = 1
+    # Engine replicas over the devices, whole jobs each (speechctl.api.Speech runs them through
+    # engine/data_parallel.py); a SpeechEngine is one replica and vLLM runs it at DP=1.
+    data_parallel_size: int = 1
     max_audio_items: int = 4  # audio items per prompt
     load_progress: bool = False  # vLLM's progress bar while loading weights
     load_format: str = "auto"  # "dummy": random weights without reading any (benchmarks)
@@ -138,6 +141,8 @@ class SpeechEngine:
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig | None = None):
         vllm_compat.check_vllm_version()
         self.config = config or EngineConfig()
+        if self.config.data_parallel_size != 1:
+            raise EngineError("a SpeechEngine is one replica: run data_parallel_size > 1 through speechctl.api.Speech")
         vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=_has_cuda())
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -154,6 +159,7 @@ class SpeechEngine:
             **_family_overrides(self.model_dir),
         )
         self._vllm = LLMEngine.from_engine_args(args)
+        vllm_compat.check_independent_replica(self._vllm)  # no DP lock-step: step only with work
         capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
         self.capacity = min(capacities)
         if self.capacity < slot_capacity(self.config.max_num_seqs):

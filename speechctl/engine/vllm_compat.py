@@ -11,6 +11,8 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 * ``CodesProcessorHooks``: the multimodal processor hooks whose names changed between 0.26 and
   0.32 (audio arrives as codec codes, so no Hugging Face processor is ever called).
 * the engine environment: the V1 runner (the per-step hooks above are V1's), in-process engine.
+* ``check_independent_replica``: an engine is never in a vLLM data-parallel group (whose ranks
+  step in lock-step); data parallelism runs independent replicas (``engine/data_parallel.py``).
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
@@ -77,6 +79,21 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
     import vllm.envs as envs
 
     getattr(envs.__getattr__, "cache_clear", lambda: None)()
+
+
+def check_independent_replica(llm_engine) -> None:
+    """SpeechEngine steps vLLM only while it has requests. Inside a vLLM data-parallel group that
+    would hang the other ranks: there (0.26 and 0.32) ``has_unfinished_requests`` all-reduces over
+    ``LLMEngine.dp_group`` and a rank without work must keep stepping dummy batches
+    (``should_execute_dummy_batch``). vLLM forms that group only for MoE models (it refuses
+    offline DP of dense ones and runs their served DP ranks independently at DP=1), and
+    speechctl's replicas are independent engines at DP=1: check that this holds."""
+    parallel = llm_engine.vllm_config.parallel_config
+    if parallel.data_parallel_size != 1 or getattr(llm_engine, "dp_group", None) is not None:
+        raise RuntimeError(
+            f"vLLM {VLLM_VERSION} put this engine in a data-parallel group of {parallel.data_parallel_size}; "
+            "speechctl runs data parallelism as independent replicas (speechctl/engine/data_parallel.py)"
+        )
 
 
 class StepView:
