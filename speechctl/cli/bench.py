@@ -26,11 +26,12 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--no-plain", is_flag=True, help="Throughput: skip the plain-vLLM baseline.")
 @click.option("--no-eager", is_flag=True, help="Throughput: skip the run with the per-step CUDA graphs off.")
 @click.option("--codec-requests", type=click.IntRange(0), default=64, show_default=True, help="Throughput: requests in the batched-vs-one-by-one codec decode (0: skip).")
+@click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (vLLM's tensor parallelism). Data parallelism: benchmarks/multi_gpu.py.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, no_eager, codec_requests, out, plot, verbose):
+def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
     plain vLLM, per-step graphs on vs off, batched codec), --cfg or --stream."""
     from speechctl.audio import write_json_atomic
@@ -39,6 +40,7 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
 
     quiet_libraries(verbose)
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else None
     if cfg and stream:
         raise InputError("choose one benchmark: --cfg or --stream")
     if not cfg and not stream:
@@ -46,7 +48,7 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
 
         result = run_throughput_bench(
             shape, levels, frames, repeats, plain=not no_plain, eager_too=not no_eager,
-            codec_requests=codec_requests, codec_config=_SMALL_DAC if shape == "tiny" else None,
+            codec_requests=codec_requests, codec_config=_SMALL_DAC if shape == "tiny" else None, engine_overrides=overrides,
             log=lambda line: click.echo(line, err=True),
         )
         if out:
@@ -61,13 +63,13 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
         from speechctl.bench.stream import run_stream_bench
 
         result = run_stream_bench(
-            shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, log=lambda line: click.echo(line, err=True)
+            shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides, log=lambda line: click.echo(line, err=True)
         )
         if out:
             write_json_atomic(out, result)
         click.echo(json.dumps({"tts": result["tts"], "turn": result["turn"]}, indent=2))
         return
-    result = run_cfg_bench(shape, levels, frames, repeats, scale, log=lambda line: click.echo(line, err=True))
+    result = run_cfg_bench(shape, levels, frames, repeats, scale, engine_overrides=overrides, log=lambda line: click.echo(line, err=True))
     if out:
         write_json_atomic(out, result)
     if plot:
