@@ -34,7 +34,9 @@ class LmConfig:
     kv_cache_bytes: int = 64 << 20
     gpu_memory_utilization: float = 0.25
     dtype: str = "auto"
-    enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
+    # default: eager everywhere. On CUDA (vLLM 0.26) a second engine with CUDA graphs in the chat's
+    # process broke the first one's graphs; the TTS engine keeps them (its step speed matters most).
+    enforce_eager: bool | None = True
     load_format: str = "auto"  # "dummy": random weights (benchmarks of a model shape)
 
     def engine_args(self, model: str, on_gpu: bool) -> dict:
