@@ -24,7 +24,7 @@ for stage in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_step_graphs.py tests/test_vllm_compat.py \
-        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py 2>&1 | tail -60 > "$OUT/pytest-gpu.log"
+        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"
       ;;
     cfg)

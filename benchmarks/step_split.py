@@ -32,6 +32,7 @@ def plain_engine(recipe, tmp: Path, max_seqs: int):
     from transformers import LlamaConfig
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
     vocab = recipe.vocab_size or 264
     LlamaConfig(vocab_size=vocab, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
@@ -42,7 +43,10 @@ def plain_engine(recipe, tmp: Path, max_seqs: int):
     for key in ("tokenizer", "limit_mm_per_prompt", "scheduler_cls"):
         args.pop(key)
     engine = LLM(skip_tokenizer_init=True, **args).llm_engine
-    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False)
+    # FINAL_ONLY as in LLM.generate (and speechctl): the default (cumulative) output kind would
+    # build every request's output every step (the first H200 run measured that by mistake)
+    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY)
     live: list[str] = []
 
     def submit(count: int) -> None:

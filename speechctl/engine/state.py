@@ -246,7 +246,8 @@ class StreamRuntime:
         return digest.hexdigest()
 
     def stats(self) -> dict[str, int]:
-        return {"live": len(self.slots), "resumed": self.resumed, "paired": self.num_paired}
+        captures = sum(g.captured for g in self._graphs if g is not None)
+        return {"live": len(self.slots), "resumed": self.resumed, "paired": self.num_paired, "graph_captures": captures}
 
     def release(self, keys) -> None:
         """Free the slots of finished or aborted requests (called by the driver)."""
