@@ -61,7 +61,7 @@ for stage in "$@"; do
     split)
       for system in plain speechctl; do
         timeout "${SPLIT_TIMEOUT:-240}" python3 benchmarks/step_split.py --system $system --shape higgs-3b \
-          --concurrency "${SPLIT_CONC:-1,64,256}" --out "$OUT" 2> "$OUT/split-$system.log" | grep "^$system"
+          --concurrency "${SPLIT_CONC:-1,64,256}" --timeline 256 --out "$OUT" 2> "$OUT/split-$system.log" | grep -E "^$system|^timeline"
       done
       ;;
   esac

@@ -6,7 +6,9 @@ exceeds GPU time, the step waits on the host.
     python3 benchmarks/step_split.py --system plain --shape higgs-3b --concurrency 64,256 --out $OUT
     python3 benchmarks/step_split.py --system speechctl --shape higgs-3b --concurrency 64,256 --out $OUT
 
-One system per process (each engine gets the whole GPU); each writes step-<system>.json.
+One system per process (each engine gets the whole GPU); each writes step-<system>-<shape>.json.
+``--timeline FRAMES`` (speechctl) also records every step of one whole fixed-length run, as the
+throughput bench times it: admission and prefill, steady decode and the tail, step by step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -61,7 +64,7 @@ def plain_engine(recipe, tmp: Path, max_seqs: int):
         while engine.has_unfinished_requests():
             engine.step()
 
-    return engine.step, submit, drain
+    return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=None)
 
 
 def speechctl_engine(recipe, tmp: Path, max_seqs: int):
@@ -75,11 +78,11 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int):
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     tags = []
 
-    def submit(count: int) -> None:
+    def submit(count: int, frames: int = 400) -> None:
         for i in range(count):
             tags.append(i)
             engine.submit(prompts.tts(f"Sentence {i}.", audio_sampling=AUDIO_SAMPLING, seed=i,
-                                      max_frames=400, min_frames=400, tag=i))
+                                      max_frames=frames, min_frames=frames, tag=i))
 
     def drain() -> None:
         engine.abort(list(tags))
@@ -87,7 +90,33 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int):
         while engine.has_work() or engine.scheduler_requests():
             engine.step()
 
-    return engine.step, submit, drain
+    def run_all() -> list[tuple[float, int]]:
+        """Step until everything submitted is done: (wall ms, outputs) per step."""
+        steps = []
+        while engine.has_work() or engine.scheduler_requests():
+            start = time.perf_counter()
+            outs = engine.step()
+            steps.append((round((time.perf_counter() - start) * 1e3, 3), len(outs)))
+        tags.clear()
+        return steps
+
+    return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
+
+
+def timeline(submit, run_all, count: int, frames: int) -> dict:
+    """One whole fixed-length run, as the throughput bench times it: where its steps' time goes
+    (admission and prefill, steady decode, the tail)."""
+    submit(count, frames)
+    run_all()  # warm-up: this batch's graphs and caches
+    submit(count, frames)
+    steps = run_all()
+    ms = [t for t, _ in steps]
+    steady = sorted(ms[len(ms) // 4 : 3 * len(ms) // 4])
+    first_done = next(i for i, (_, n) in enumerate(steps) if n)
+    return {"concurrency": count, "frames": frames, "steps": len(ms), "total_ms": round(sum(ms), 1),
+            "median_ms": steady[len(steady) // 2], "first_10_ms": round(sum(ms[:10]), 1),
+            "from_first_output_ms": round(sum(ms[first_done:]), 1), "max_ms": max(ms), "step_ms": ms,
+            "outputs_per_step": [n for _, n in steps]}
 
 
 def sync() -> None:
@@ -122,18 +151,25 @@ def main() -> None:
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     ap.add_argument("--concurrency", default="64,256")
     ap.add_argument("--out", default="out")
+    ap.add_argument("--timeline", type=int, default=0, metavar="FRAMES",
+                    help="speechctl: also record every step of one whole run of FRAMES frames per request")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     make = plain_engine if args.system == "plain" else speechctl_engine
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        step, submit, drain = make(SHAPES[args.shape], Path(tmp), max(levels))
+        system = make(SHAPES[args.shape], Path(tmp), max(levels))
         for count in levels:
-            rows.append(measure(step, submit, drain, count))
+            rows.append(measure(system.step, system.submit, system.drain, count))
             print(args.system, rows[-1], flush=True)
+        timelines = []
+        if args.timeline and system.run_all is not None:
+            for count in levels:
+                timelines.append(timeline(system.submit, system.run_all, count, args.timeline))
+                print("timeline", {k: v for k, v in timelines[-1].items() if not k.endswith("per_step") and k != "step_ms"}, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"step-{args.system}-{args.shape}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "rows": rows}, indent=1))
+    (out / f"step-{args.system}-{args.shape}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "rows": rows, "timelines": timelines}, indent=1))
 
 
 if __name__ == "__main__":

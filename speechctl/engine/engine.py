@@ -145,7 +145,6 @@ class SpeechEngine:
             raise EngineError("a SpeechEngine is one replica: run data_parallel_size > 1 through speechctl.api.Speech")
         vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=_has_cuda())
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
 
         from speechctl.engine.state import StreamTracker
         from speechctl.models import register
@@ -158,7 +157,7 @@ class SpeechEngine:
             **self.config.engine_args(str(self.model_dir)),
             **_family_overrides(self.model_dir),
         )
-        self._vllm = LLMEngine.from_engine_args(args)
+        self._vllm = vllm_compat.offline_engine(args)
         vllm_compat.check_independent_replica(self._vllm)  # no DP lock-step: step only with work
         capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
         self.capacity = min(capacities)

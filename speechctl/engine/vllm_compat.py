@@ -81,6 +81,18 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
     getattr(envs.__getattr__, "cache_clear", lambda: None)()
 
 
+def offline_engine(engine_args):
+    """vLLM's ``LLMEngine`` for ``engine_args``, with the defaults of vLLM's offline ``LLM`` class
+    (usage context ``LLM_CLASS``). ``from_engine_args`` alone assumes ``ENGINE_CONTEXT``, whose
+    defaults are a server's: 2,048 batched tokens per step instead of 16,384 on an H200, so 256
+    prompts of 40 tokens prefill over five mixed steps instead of one — the plain-vLLM baseline
+    (the ``LLM`` class) would run with a budget speechctl does not get."""
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    return LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
+
+
 def check_independent_replica(llm_engine) -> None:
     """SpeechEngine steps vLLM only while it has requests. Inside a vLLM data-parallel group that
     would hang the other ranks: there (0.26 and 0.32) ``has_unfinished_requests`` all-reduces over

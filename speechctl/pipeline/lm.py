@@ -67,14 +67,13 @@ class TextLm:
         vllm_compat.check_vllm_version()
         vllm_compat.apply_engine_environment()
         from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
 
         import torch
 
         self.config = config or LmConfig()
         self.model_dir = resolve_text_lm(model)
         args = EngineArgs(**self.config.engine_args(str(self.model_dir), torch.cuda.is_available()))
-        self._engine = LLMEngine.from_engine_args(args)
+        self._engine = vllm_compat.offline_engine(args)
         self.tokenizer = self._engine.get_tokenizer()
         self._live: set[str] = set()
 
