@@ -147,3 +147,25 @@ def test_vllm_env_cache_can_be_cleared():
 
     assert hasattr(envs, "enable_envs_cache")
     assert "functools.cache(__getattr__)" in inspect.getsource(envs.enable_envs_cache)
+
+
+def test_an_engine_built_later_leaves_earlier_engines_their_graphs():
+    """vLLM's start-up profiling ends with ``CUDAGraphWrapper.clear_all_graphs()``, which empties
+    the captured graphs of every engine in the process; ``other_engines_keep_their_graphs`` puts
+    back what the earlier engines had. Checked against vLLM's own class and classmethod."""
+
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert "clear_all_graphs" in inspect.getsource(GPUModelRunner.profile_cudagraph_memory)
+    earlier = object.__new__(CUDAGraphWrapper)  # an earlier engine's wrapper, registered as vLLM does
+    earlier.runnable = None
+    earlier.concrete_cudagraph_entries = {"decode, 8 tokens": "its graph"}
+    CUDAGraphWrapper._all_instances.add(earlier)
+    try:
+        with vllm_compat.other_engines_keep_their_graphs():
+            CUDAGraphWrapper.clear_all_graphs()  # what the new engine's start-up does
+            assert earlier.concrete_cudagraph_entries == {}
+        assert earlier.concrete_cudagraph_entries == {"decode, 8 tokens": "its graph"}
+    finally:
+        CUDAGraphWrapper._all_instances.discard(earlier)

@@ -108,7 +108,7 @@ class WhisperAsr:
 
     def __init__(self, model: str | Path | None = None, config: WhisperConfig | None = None):
         from speechctl.asr.checkpoint import whisper_dir
-        from speechctl.engine import vllm_compat  # noqa: F401  (in-process engine environment)
+        from speechctl.engine import vllm_compat
 
         vllm_compat.check_vllm_version()
         vllm_compat.apply_engine_environment()
@@ -119,7 +119,8 @@ class WhisperAsr:
             raise SpeechctlError(f"{model}: not a Whisper model")
         self.config = config or WhisperConfig()
         args = self.config.engine_args(self.model_dir, _has_cuda())
-        self._llm = LLM(**args)
+        with vllm_compat.other_engines_keep_their_graphs():
+            self._llm = LLM(**args)
         self._engine = self._llm.llm_engine
         self.tokenizer = self._llm.get_tokenizer()
         vocab = self.tokenizer.get_vocab()

@@ -121,6 +121,7 @@ class StreamRuntime:
         self.num_depth_random = 0  # live slots sampling depth-decoded codebooks at temperature > 0
         self.num_depth_filtered = 0
         self._filter_top_ks: Counter[int] = Counter()  # audio top-k of live filtering slots
+        self._depth_top_ks: Counter[int] = Counter()  # the same for depth-decoded codebooks
 
         if _compile(device):  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = torch.compile(self._input_step, dynamic=True)
@@ -179,6 +180,8 @@ class StreamRuntime:
         depth = params.depth or params.audio
         self.num_depth_random += sign * (depth.temperature > 0)
         self.num_depth_filtered += sign * depth.filters
+        if depth.filters:
+            self._depth_top_ks[depth.top_k] += sign
         self.num_random += sign * (params.audio.temperature > 0)
         self.num_filtered += sign * params.audio.filters
         if params.audio.filters:
@@ -228,10 +231,10 @@ class StreamRuntime:
         put(self.depth_top_p, [d.top_p for d in depths], torch.float32)
         put(self.desync, [0] * len(claimed))
 
-    def _max_top_k(self) -> int:
-        """The largest audio top-k among live filtering slots; 0 if one filters by top-p alone
-        (then candidates need a full sort)."""
-        ks = [k for k, n in self._filter_top_ks.items() if n > 0]
+    def _max_top_k(self, depth: bool = False) -> int:
+        """The largest audio (``depth``: depth-decoded) top-k among live filtering slots; 0 if one
+        filters by top-p alone (then candidates need a full sort)."""
+        ks = [k for k, n in (self._depth_top_ks if depth else self._filter_top_ks).items() if n > 0]
         return 0 if not ks or 0 in ks else max(ks)
 
     def state_digest(self) -> str:
@@ -385,31 +388,42 @@ class StreamRuntime:
             self.num_text_random > 0,
             self.num_depth_random > 0,
             self.num_depth_filtered > 0,
+            self._max_top_k(depth=True),
         )
 
-    @torch.profiler.record_function("speechctl.sample_codebook")
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
-        """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens, for a model
-        whose codebooks depend on each other within a step (CSM's depth decoder). Each row's
-        audio sampling settings (``depth``: its depth-decoder settings) and seed; the draw is keyed
-        by (seed, generated index, stream), so it does not depend on the batch either."""
+        """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens (see
+        ``codebook_sampler``)."""
+        return self.codebook_sampler(depth)(logits, stream)
+
+    def codebook_sampler(self, depth: bool = False):
+        """``sample(logits [R, V], stream) -> [R]`` for this step's rows, for a model whose
+        codebooks depend on each other within a step (CSM's depth decoder): each row's audio
+        sampling settings (``depth``: its depth-decoder settings) and seed; the draw is keyed by
+        (seed, generated index, stream), so it does not depend on the batch either. The rows'
+        settings are gathered once here, not once per codebook."""
         step = self._step
         if step is None:  # profiling and warm-up runs
-            return logits.argmax(dim=-1)
+            return lambda logits, stream: logits.argmax(dim=-1)
         slots = step.row_slots
         g_next = step.last_pos + 1 - self.prompt_len[slots]
         if depth:
             settings = (self.depth_temperature, self.depth_top_k, self.depth_top_p)
-            any_random, any_filter = self.num_depth_random > 0, self.num_depth_filtered > 0
+            flags = dict(any_random=self.num_depth_random > 0, any_filter=self.num_depth_filtered > 0)
         else:
             settings = (self.temperature, self.top_k, self.top_p)
-            any_random, any_filter = self.num_random > 0, self.num_filtered > 0
-        seed = self.seed[slots] ^ (stream * 0x5851F42D)  # independent draws per codebook
+            flags = dict(any_random=self.num_random > 0, any_filter=self.num_filtered > 0)
+        # candidates from one topk of the largest top-k instead of a full sort of the vocabulary
+        flags["max_top_k"] = self._max_top_k(depth)
         temperature, top_k, top_p = (x[slots] for x in settings)
-        return sample_streams(
-            logits.float()[:, None, :], temperature, top_k, top_p, seed, g_next,
-            any_random=any_random, any_filter=any_filter,
-        )[:, 0]
+        seeds = self.seed[slots]
+
+        @torch.profiler.record_function("speechctl.sample_codebook")
+        def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
+            seed = seeds ^ (stream * 0x5851F42D)  # independent draws per codebook
+            return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seed, g_next, **flags)[:, 0]
+
+        return sample
 
     def _sample_step(self, logits, aux_logits, given, slots, last_pos, any_random, any_filter, max_top_k, paired):
         """The per-step sampling work as one function of tensors (host facts as arguments), so

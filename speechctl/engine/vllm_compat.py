@@ -19,6 +19,7 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -81,6 +82,27 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
     getattr(envs.__getattr__, "cache_clear", lambda: None)()
 
 
+@contextlib.contextmanager
+def other_engines_keep_their_graphs():
+    """Around building an engine in a process that may hold others. vLLM's start-up measures
+    CUDA-graph memory by capturing throwaway graphs and then clears the captured graphs of every
+    ``CUDAGraphWrapper`` in the process (``clear_all_graphs`` over a class-wide WeakSet; 0.26 and
+    0.32, ``GPUModelRunner.profile_cudagraph_memory``), not only its own: an engine built
+    earlier then asks for a graph it no longer has on its next step and fails ("CUDA graph
+    capturing detected at an inappropriate time"; seen on the H200 with the chat pipeline's three
+    engines). Keep each existing wrapper's entries and put them back afterwards; holding them
+    keeps their graphs (and the memory they replay into) alive."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    saved = [(w, dict(w.concrete_cudagraph_entries)) for w in list(CUDAGraphWrapper._all_instances)]
+    try:
+        yield
+    finally:
+        for wrapper, entries in saved:
+            for key, entry in entries.items():
+                wrapper.concrete_cudagraph_entries.setdefault(key, entry)
+
+
 def offline_engine(engine_args):
     """vLLM's ``LLMEngine`` for ``engine_args``, with the defaults of vLLM's offline ``LLM`` class
     (usage context ``LLM_CLASS``). ``from_engine_args`` alone assumes ``ENGINE_CONTEXT``, whose
@@ -90,7 +112,8 @@ def offline_engine(engine_args):
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    return LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
+    with other_engines_keep_their_graphs():
+        return LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
 
 
 def check_independent_replica(llm_engine) -> None:

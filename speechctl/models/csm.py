@@ -17,7 +17,7 @@ What transformers' model and its ``generate`` do, and so what this file reproduc
   k from position k. transformers runs it as a nested ``generate`` with its own sampling settings
   (``depth_decoder_*``); here it is one batched pass per step for all rows in ``compute_logits``
   (prefill of positions 0-1, then one position per codebook against a per-step KV cache), each
-  codebook sampled on the device by the stream runtime (``sample_codebook``, its depth settings).
+  codebook sampled on the device by the stream runtime (``codebook_sampler``, its depth settings).
   Every head samples over its whole vocabulary (V = 2051; nothing is masked).
 * **End**: the first frame whose codebooks 0..K-2 are all 0 ends the request and is part of the
   output; the primary stream is ``<|AUDIO|>`` per frame and ``<|audio_eos|>`` at that frame
@@ -70,10 +70,9 @@ class _DepthAttention(nn.Module):
         k_cache, v_cache = cache
         k_cache[:, :, start : start + n] = k.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v_cache[:, :, start : start + n] = v.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        groups = self.heads // self.kv_heads
-        keys = k_cache[:, :, : start + n].repeat_interleave(groups, dim=1)
-        values = v_cache[:, :, : start + n].repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1)  # n > 1 only at start 0
+        keys, values = k_cache[:, :, : start + n], v_cache[:, :, : start + n]
+        # grouped-query attention in the kernel: no copy of the cache per query head group
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, enable_gqa=True)  # n > 1 only at start 0
         return self.o_proj(out.transpose(1, 2).reshape(R, n, -1))
 
 
@@ -216,9 +215,7 @@ class CsmForConditionalGeneration(StreamModel):
         On CUDA the whole frame (backbone head, depth decoder, sampling) is one graph replay."""
         runtime = self.stream_runtime
         first = runtime.sample_codebook(self.lm_head(hidden_states), 0)
-        frame = self.depth_decoder.decode_frame(
-            hidden_states, first, lambda logits, k: runtime.sample_codebook(logits, k, depth=True)
-        )
+        frame = self.depth_decoder.decode_frame(hidden_states, first, runtime.codebook_sampler(depth=True))
         logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)
         return runtime.sample(logits, tokens=frame)
 
