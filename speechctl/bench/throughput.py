@@ -10,7 +10,8 @@ Per concurrency *c* (requests submitted at once, each making exactly ``frames`` 
   (``engine/graphs.py``) and, for comparison, with them off (eager per-step work);
 * the multi-stream overhead ratio: speechctl frames/s ÷ plain tokens/s (issue goal ≥ 0.85).
 
-And the codec: decoding ``codec_requests`` requests of ``frames`` frames in one batched call vs
+And the codec: decoding ``codec_requests`` requests of ``frames`` frames (and of one streaming
+window each: a first chunk with the decoder's context) in one batched call vs
 one call per request (a DAC of transformers' default size: decoder 1536 channels, 9 codebooks,
 hop 512; random weights).
 """
@@ -87,7 +88,8 @@ def run_throughput_bench(
             log(f"c={row['concurrency']:4d} plain vLLM {base['tokens_per_s']} tokens/s  ratio {row['overhead_ratio']}")
     codec = _codec_bench(codec_requests, frames, codec_config, repeats) if codec_requests else None
     if codec:
-        log(f"codec: batched {codec['batched_s']} s, one by one {codec['one_by_one_s']} s, speed-up {codec['speedup']}")
+        log(f"codec: batched {codec['batched_s']} s, one by one {codec['one_by_one_s']} s, speed-up {codec['speedup']}; "
+            f"{codec['window_frames']}-frame streaming windows: speed-up {codec['window_speedup']}")
     return {
         "benchmark": "throughput",
         "model": {**describe(shape), "frame_rate": frame_rate},
@@ -181,9 +183,16 @@ def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) 
 
     batched = timed(lambda: codec.decode(codes))
     single = timed(lambda: [codec.decode([c]) for c in codes])
+    # The streaming path's case: each step decodes a short window per request (the first chunk,
+    # 2 frames, with the decoder's context either side), all requests' windows in one call.
+    window = 2 + sum(codec.decode_context)
+    windows = [c[:, :window] for c in codes]
+    window_batched = timed(lambda: codec.decode(windows))
+    window_single = timed(lambda: [codec.decode([c]) for c in windows])
     return {"requests": requests, "frames": frames, "codec": f"DAC {dac.sampling_rate} Hz, {dac.n_codebooks} codebooks, "
             f"decoder {dac.decoder_hidden_size}", "batched_s": round(batched, 4), "one_by_one_s": round(single, 4),
-            "speedup": round(single / batched, 1)}
+            "speedup": round(single / batched, 1), "window_frames": window, "window_batched_s": round(window_batched, 4),
+            "window_one_by_one_s": round(window_single, 4), "window_speedup": round(window_single / window_batched, 1)}
 
 
 def plot_throughput(result: dict, path) -> None:
