@@ -103,6 +103,22 @@ def test_bad_input_gives_one_line_errors(tmp_path, monkeypatch, args, fragments)
     assert not Path("x.wav").exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tts", "hi", "-o", "no/dir/x.wav"],
+        ["tts", "hi", "--stream", "-o", "no/dir/x.wav"],
+        ["chat", "--input", "in.wav", "--output", "no/dir/x.wav"],
+    ],
+)
+def test_an_unwritable_output_fails_before_any_model_loads(tmp_path, monkeypatch, args):
+    import speechctl.api
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(speechctl.api, "shared", lambda *a: pytest.fail("a model was loaded"))
+    one_line_error(run(*args), "no/dir/x.wav", "cannot write", "does not exist")
+
+
 def test_asr_reports_bad_files_and_transcribes_the_rest(tmp_path):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF....WAVEjunk")

@@ -249,6 +249,21 @@ def atomic_write(path: str | PathLike, write: Callable[[BinaryIO], Any]) -> None
     _fsync_dir(target.parent)
 
 
+def check_writable(path: str | PathLike) -> None:
+    """Fail now, with the one-line error ``atomic_write`` would give, if ``path`` cannot be
+    written (a missing directory, no permission): before a model loads and generates for
+    nothing. ``-`` (stdout) always passes."""
+    if str(path) == STDIO:
+        return
+    target = Path(path)
+    try:
+        fd, tmp = _create_temp(target)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write: {_describe_write_error(target, e)}") from e
+    os.close(fd)
+    _remove_quietly(tmp)
+
+
 def write_text_atomic(path: str | PathLike, text: str) -> None:
     """Atomically write ``text`` (UTF-8) to ``path``."""
     data = text.encode("utf-8")

@@ -39,9 +39,10 @@ def command(input_path, output_path, mode, lm_model, asr_model, max_reply_tokens
     if output_path and not input_path:
         raise InputError("--output needs --input (a live chat plays its replies)")
     if output_path:
-        from speechctl.audio import resolve_audio_format
+        from speechctl.audio import check_writable, resolve_audio_format
 
-        resolve_audio_format(output_path)  # a bad extension fails before any model loads
+        resolve_audio_format(output_path)  # a bad extension or place fails before any model loads
+        check_writable(output_path)
     vad = VadConfig(threshold_db=vad_threshold, silence_ms=silence_ms, min_speech_ms=min_speech_ms)
     config = _chat_config(mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, max_seconds, first_chunk, sampling)
     if input_path:

@@ -22,7 +22,7 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @user_errors
 def command(text, output, voice, voice_text, fmt, max_seconds, stream, raw, first_chunk, sampling, engine):
     """Speak TEXT (or - to read it from stdin) and write the audio to FILE, or stream it."""
-    from speechctl.audio import read_audio, resolve_audio_format, write_audio
+    from speechctl.audio import check_writable, read_audio, resolve_audio_format, write_audio
     from speechctl.errors import InputError
 
     engine.one_engine("tts")
@@ -37,6 +37,8 @@ def command(text, output, voice, voice_text, fmt, max_seconds, stream, raw, firs
     if voice_text is not None and voice is None:
         raise InputError("--voice-text needs --voice (the recording it transcribes)")
     voice_options = {} if voice_text is None else {"voice_text": voice_text}
+    if output is not None:
+        check_writable(output)  # before the model loads
     if stream:
         return _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chunk, sampling, engine)
     fmt = resolve_audio_format(output, fmt)
