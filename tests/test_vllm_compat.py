@@ -5,6 +5,7 @@ not the test."""
 import inspect
 
 import pytest
+import torch
 
 from speechctl.engine import vllm_compat
 
@@ -169,3 +170,15 @@ def test_an_engine_built_later_leaves_earlier_engines_their_graphs():
         assert earlier.concrete_cudagraph_entries == {"decode, 8 tokens": "its graph"}
     finally:
         CUDAGraphWrapper._all_instances.discard(earlier)
+
+
+def test_custom_ops_have_their_cuda_kernel_method():
+    """CSM's depth decoder calls the rotary embedding's CUDA kernel directly on CUDA."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(32, max_position=64, is_neox_style=True)
+    assert callable(rope.forward_cuda)
+    x = torch.zeros(2, 32)
+    assert vllm_compat.kernel_on_cuda(rope, x) is rope  # the CPU keeps vLLM's own dispatch

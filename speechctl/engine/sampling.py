@@ -23,12 +23,23 @@ def _hash31(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """Gumbel noise for ``token_ids`` [R, K, N] keyed by (seed[R], step[R], stream, token id)."""
-    k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64)
-    base = _hash31(seed[:, None] ^ _hash31(step[:, None] * 0x1E3779B1 + (seed[:, None] >> 31)))
-    base = _hash31(base + k[None, :] * 0x05EBCA6B)  # [R, K]
-    bits = _hash31(base[:, :, None] + token_ids * 0x42B2AE35)
+def row_keys(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """[R] keys of (seed, step): the part of the noise's key shared by a row's streams."""
+    return _hash31(seed ^ _hash31(step * 0x1E3779B1 + (seed >> 31)))
+
+
+def stream_keys(rows: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """[R] row keys, [K] stream indices -> [R, K] keys."""
+    return _hash31(rows[:, None] + streams[None, :] * 0x05EBCA6B)
+
+
+def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Gumbel noise for ``token_ids`` [R, K, N] keyed by (seed[R], step[R], stream, token id);
+    ``keys`` [R, K]: ``stream_keys`` already computed (stream k of a row need not be k)."""
+    if keys is None:
+        k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64)
+        keys = stream_keys(row_keys(seed, step), k)
+    bits = _hash31(keys[:, :, None] + token_ids * 0x42B2AE35)
     u = ((bits >> 7).to(torch.float32) + 0.5) / 16777216.0  # 24 bits: exact in float32
     return -torch.log(-torch.log(u))
 
@@ -50,13 +61,15 @@ def sample_streams(
     any_random: bool = True,
     any_filter: bool = True,
     max_top_k: int = 0,
+    keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sample one token per (row, stream).
 
     logits: [R, K, V] float32, already masked (-inf) where a token is not allowed.
     temperature, top_p: [R] float32 (temperature 0 = greedy; top_p 1 = off); top_k: [R] int64
     (0 = off); seed, step: [R] int64. The keyword flags let the caller skip work it knows no row
-    needs (decided on the host from request settings, never by a device sync): ``any_random``
+    needs (decided on the host from request settings, never by a device sync). ``keys`` [R, K]:
+    the noise's stream keys, when the caller has them (``stream_keys``). ``any_random``
     (some temperature > 0), ``any_filter`` (some top-k/top-p), ``max_top_k`` (> 0 when every
     filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
     full sort). Returns [R, K] int64.
@@ -68,7 +81,7 @@ def sample_streams(
     scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
     if not any_filter:
         ids = torch.arange(V, device=logits.device).expand(scaled.shape)
-        sampled = (scaled + gumbel_at(seed, step, ids)).argmax(dim=-1)
+        sampled = (scaled + gumbel_at(seed, step, ids, keys)).argmax(dim=-1)
         return torch.where(temperature[:, None] > 0, sampled, greedy)
     n = min(max_top_k, V) if max_top_k > 0 else V
     if n < V:
@@ -81,6 +94,6 @@ def sample_streams(
     probs = cand.softmax(dim=-1)
     above = probs.cumsum(dim=-1) - probs  # mass strictly above this token
     cand = cand.masked_fill((above >= top_p[:, None, None]) & (rank > 0), float("-inf"))
-    pick = (cand + gumbel_at(seed, step, ids)).argmax(dim=-1, keepdim=True)
+    pick = (cand + gumbel_at(seed, step, ids, keys)).argmax(dim=-1, keepdim=True)
     sampled = ids.gather(-1, pick)[..., 0]
     return torch.where(temperature[:, None] > 0, sampled, greedy)

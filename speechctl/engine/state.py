@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
-from speechctl.engine.sampling import sample_streams
+from speechctl.engine.sampling import row_keys, sample_streams, stream_keys
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -409,19 +409,20 @@ class StreamRuntime:
         g_next = step.last_pos + 1 - self.prompt_len[slots]
         if depth:
             settings = (self.depth_temperature, self.depth_top_k, self.depth_top_p)
-            flags = dict(any_random=self.num_depth_random > 0, any_filter=self.num_depth_filtered > 0)
+            flags = {"any_random": self.num_depth_random > 0, "any_filter": self.num_depth_filtered > 0}
         else:
             settings = (self.temperature, self.top_k, self.top_p)
-            flags = dict(any_random=self.num_random > 0, any_filter=self.num_filtered > 0)
+            flags = {"any_random": self.num_random > 0, "any_filter": self.num_filtered > 0}
         # candidates from one topk of the largest top-k instead of a full sort of the vocabulary
         flags["max_top_k"] = self._max_top_k(depth)
         temperature, top_k, top_p = (x[slots] for x in settings)
         seeds = self.seed[slots]
+        rows = row_keys(seeds, g_next)  # the noise key's per-row part, once per frame
 
         @torch.profiler.record_function("speechctl.sample_codebook")
         def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
-            seed = seeds ^ (stream * 0x5851F42D)  # independent draws per codebook
-            return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seed, g_next, **flags)[:, 0]
+            keys = stream_keys(rows, torch.full((1,), stream, dtype=torch.int64, device=rows.device))
+            return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next, keys=keys, **flags)[:, 0]
 
         return sample
 

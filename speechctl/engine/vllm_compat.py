@@ -103,6 +103,14 @@ def other_engines_keep_their_graphs():
                 wrapper.concrete_cudagraph_entries.setdefault(key, entry)
 
 
+def kernel_on_cuda(op, x):
+    """``op`` (a vLLM ``CustomOp`` layer, e.g. the rotary embedding) as its CUDA kernel when ``x``
+    is on CUDA. Called from code outside vLLM's compiled forward (CSM's depth decoder), where a
+    custom op dispatches to its native decomposition (vLLM disables custom ops when it compiles),
+    a dozen small kernels instead of one."""
+    return op.forward_cuda if x.is_cuda else op
+
+
 def offline_engine(engine_args):
     """vLLM's ``LLMEngine`` for ``engine_args``, with the defaults of vLLM's offline ``LLM`` class
     (usage context ``LLM_CLASS``). ``from_engine_args`` alone assumes ``ENGINE_CONTEXT``, whose

@@ -40,6 +40,7 @@ from vllm.model_executor.models.llama import LlamaModel
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
+from speechctl.engine import vllm_compat
 from speechctl.engine.state import StreamRuntime
 from speechctl.models.families import csm_spec
 from speechctl.models.higgs_audio_v2 import AudioCodebookEmbedding
@@ -65,7 +66,7 @@ class _DepthAttention(nn.Module):
         """x [R, n, H] at positions start..start+n-1; cache (k, v) [R, kv_heads, K+1, head_dim]."""
         R, n, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = rotary(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
+        q, k = vllm_compat.kernel_on_cuda(rotary, x)(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
         q = q.view(R, n, self.heads, self.head_dim).transpose(1, 2)
         k_cache, v_cache = cache
         k_cache[:, :, start : start + n] = k.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -102,7 +103,11 @@ class _DepthLayer(nn.Module):
 
 
 def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    """vLLM's RMSNorm kernels take [tokens, hidden]."""
+    """On CUDA torch's fused RMSNorm: outside vLLM's compiled forward vLLM's own runs as its
+    native decomposition (~8 kernels), and a frame runs 9 norms for each of its 31 depth steps.
+    Elsewhere vLLM's RMSNorm (its kernels take [tokens, hidden])."""
+    if x.is_cuda:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     return norm(x.reshape(-1, x.shape[-1])).view(x.shape)
 
 
@@ -143,7 +148,7 @@ class CsmDepthDecoder(nn.Module):
         h = self.model.inputs_embeds_projector(x)
         for layer, cache in zip(self.model.layers, caches):
             h = layer(h, positions, self.rotary_emb, cache, start)
-        return self.model.norm(h[:, -1])
+        return _norm(self.model.norm, h[:, -1])
 
     def decode_frame(self, hidden: torch.Tensor, first: torch.Tensor, sample) -> torch.Tensor:
         """hidden [R, H_backbone] (the backbone's, which gave codebook 0), first [R] codebook 0
