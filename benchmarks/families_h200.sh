@@ -15,7 +15,8 @@ case "${1:-bench}" in
   bench)
     for family in ${FAMILIES:-higgs_audio_v2 csm}; do
       python3 -m speechctl.bench.families --family "$family" --size full --concurrency "${CONC:-1,64}" \
-        --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/families-$family.json" \
+        --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/families-$family${SUFFIX:-}.json" \
+        $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) \
         2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|Error|Traceback" 
     done
     ;;

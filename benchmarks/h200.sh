@@ -65,6 +65,9 @@ for stage in "$@"; do
         --concurrency "${TP_CONC:-1,16,64,256}" --frames 256 --repeats "${REPEATS:-2}" --no-plain --no-eager \
         --codec-requests 0 --out "$OUT/throughput-compiled-higgs-3b.json" 2> "$OUT/compiled.log" | tail -3
       grep -E "^c=|Error" "$OUT/compiled.log"
+      # CSM 1B with its depth decoder compiled too (compare with the `csm` stage's speechctl rows)
+      SPEECHCTL_COMPILE=1 FAMILIES=csm CONC=1,64 FRAMES=${CSM_FRAMES:-64} REPEATS=${REPEATS:-2} TRANSFORMERS=0 \
+        SUFFIX=-compiled timeout "${CSM_TIMEOUT:-300}" bash benchmarks/families_h200.sh bench
       ;;
     split)
       for system in plain speechctl; do

@@ -37,10 +37,11 @@ from speechctl.engine.streams import StreamSpec
 NEVER = 1 << 40  # "no such step yet" for step-valued state
 
 
-def _compile(device: torch.device) -> bool:
-    """torch.compile the per-step work (SPEECHCTL_COMPILE=1). Off by default until its GPU
-    speed is measured with proper warm-up: batch size 1 is a separate compile (~15 s on the
-    first step), see docs/benchmarks/cfg.md."""
+def compile_per_step_work() -> bool:
+    """torch.compile the per-step work (SPEECHCTL_COMPILE=1): the runtime's input and sampling
+    steps, CSM's depth decoder. Off by default until its GPU speed is measured with proper
+    warm-up: batch size 1 is a separate compile (~15 s on the first step), see
+    docs/benchmarks/cfg.md."""
     return os.environ.get("SPEECHCTL_COMPILE") == "1"
 
 
@@ -123,7 +124,7 @@ class StreamRuntime:
         self._filter_top_ks: Counter[int] = Counter()  # audio top-k of live filtering slots
         self._depth_top_ks: Counter[int] = Counter()  # the same for depth-decoded codebooks
 
-        if _compile(device):  # fuse the per-step elementwise work: kernel launches dominate it
+        if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = torch.compile(self._input_step, dynamic=True)
             self._sample_step = torch.compile(self._sample_step, dynamic=True)
         # CUDA graphs of the per-step work (engine/graphs.py), set up once vLLM's batch sizes are

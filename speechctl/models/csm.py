@@ -41,7 +41,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from speechctl.engine import vllm_compat
-from speechctl.engine.state import StreamRuntime
+from speechctl.engine.state import StreamRuntime, compile_per_step_work
 from speechctl.models.families import csm_spec
 from speechctl.models.higgs_audio_v2 import AudioCodebookEmbedding
 from speechctl.models.multistream import (
@@ -62,8 +62,10 @@ class _DepthAttention(nn.Module):
         self.v_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=config.attention_bias)
 
-    def forward(self, x, positions, rotary, cache: tuple[torch.Tensor, torch.Tensor], start: int):
-        """x [R, n, H] at positions start..start+n-1; cache (k, v) [R, kv_heads, K+1, head_dim]."""
+    def forward(self, x, positions, rotary, cache: tuple[torch.Tensor, torch.Tensor], start: int, causal: bool):
+        """x [R, n, H] at positions start..start+n-1; cache (k, v) [R, kv_heads, K+1, head_dim];
+        ``causal``: the first call's two positions (a host bool: torch.compile traces ``n`` as a
+        symbol, which SDPA's ``is_causal`` does not take)."""
         R, n, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k = vllm_compat.kernel_on_cuda(rotary, x)(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
@@ -73,7 +75,7 @@ class _DepthAttention(nn.Module):
         v_cache[:, :, start : start + n] = v.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
         keys, values = k_cache[:, :, : start + n], v_cache[:, :, : start + n]
         # grouped-query attention in the kernel: no copy of the cache per query head group
-        out = F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, enable_gqa=True)  # n > 1 only at start 0
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(R, n, -1))
 
 
@@ -97,8 +99,8 @@ class _DepthLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, cache, start):
-        x = x + self.self_attn(_norm(self.input_layernorm, x), positions, rotary, cache, start)
+    def forward(self, x, positions, rotary, cache, start, causal):
+        x = x + self.self_attn(_norm(self.input_layernorm, x), positions, rotary, cache, start, causal)
         return x + self.mlp(_norm(self.post_attention_layernorm, x))
 
 
@@ -140,14 +142,16 @@ class CsmDepthDecoder(nn.Module):
             rope_parameters=getattr(config, "rope_parameters", None),
             is_neox_style=True,
         )
+        if compile_per_step_work():  # ~100 small kernels per depth step, 31 steps per frame
+            self._run = torch.compile(self._run, dynamic=True)
 
-    def _run(self, x: torch.Tensor, start: int, caches) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, start: int, caches, causal: bool) -> torch.Tensor:
         """[R, n, H_backbone] inputs at positions start.. -> [R, H_d] last position's hidden."""
         R, n, _ = x.shape
         positions = torch.arange(start, start + n, device=x.device).repeat(R)
         h = self.model.inputs_embeds_projector(x)
         for layer, cache in zip(self.model.layers, caches):
-            h = layer(h, positions, self.rotary_emb, cache, start)
+            h = layer(h, positions, self.rotary_emb, cache, start, causal)
         return _norm(self.model.norm, h[:, -1])
 
     def decode_frame(self, hidden: torch.Tensor, first: torch.Tensor, sample) -> torch.Tensor:
@@ -161,7 +165,7 @@ class CsmDepthDecoder(nn.Module):
         x = torch.stack([hidden, embed(first).to(hidden.dtype)], dim=1)  # positions 0, 1
         tokens = [first]
         for k in range(1, K):
-            h = self._run(x, 0 if k == 1 else k, caches)
+            h = self._run(x, 0 if k == 1 else k, caches, k == 1)
             tokens.append(sample(h @ self.codebooks_head.weight[k - 1], k))
             x = embed(tokens[-1] + k * V)[:, None].to(hidden.dtype)  # codebook k at position k + 1
         return torch.stack(tokens, dim=1)
