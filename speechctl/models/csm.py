@@ -68,7 +68,9 @@ class _DepthAttention(nn.Module):
         symbol, which SDPA's ``is_causal`` does not take)."""
         R, n, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = vllm_compat.kernel_on_cuda(rotary, x)(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
+        # eager on CUDA: vLLM's rotary kernel; compiled: the native form, which inductor fuses
+        rope = rotary if torch.compiler.is_compiling() else vllm_compat.kernel_on_cuda(rotary, x)
+        q, k = rope(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
         q = q.view(R, n, self.heads, self.head_dim).transpose(1, 2)
         k_cache, v_cache = cache
         k_cache[:, :, start : start + n] = k.view(R, n, self.kv_heads, self.head_dim).transpose(1, 2)
