@@ -13,6 +13,10 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 * the engine environment: the V1 runner (the per-step hooks above are V1's), in-process engine.
 * ``check_independent_replica``: an engine is never in a vLLM data-parallel group (whose ranks
   step in lock-step); data parallelism runs independent replicas (``engine/data_parallel.py``).
+* ``offline_engine``: an ``LLMEngine`` with the offline ``LLM`` class's defaults (usage context).
+* ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
+  CUDA graphs (``CUDAGraphWrapper.clear_all_graphs``); the earlier engines get theirs back.
+* ``kernel_on_cuda``: a custom op's CUDA kernel, called from code outside vLLM's compiled forward.
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
