@@ -115,14 +115,12 @@ class StreamRuntime:
         self._step: _Step | None = None
         self.resumed = 0  # requests that came back after preemption (kept their slot)
         self.num_random = 0  # live slots with audio temperature > 0
-        self.num_filtered = 0  # live slots with top-k / top-p on audio
         self.num_paired = 0  # live slots that belong to a CFG pair
         self.num_cfg_filter = 0  # live pairs using Dia's CFG top-k filter
         self.num_text_random = 0  # live paired slots sampling text with temperature > 0
         self.num_depth_random = 0  # live slots sampling depth-decoded codebooks at temperature > 0
-        self.num_depth_filtered = 0
-        self._filter_top_ks: Counter[int] = Counter()  # audio top-k of live filtering slots
-        self._depth_top_ks: Counter[int] = Counter()  # the same for depth-decoded codebooks
+        # top-k of the live slots that filter (top-k / top-p): audio, depth-decoded codebooks
+        self._top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}
 
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = torch.compile(self._input_step, dynamic=True)
@@ -180,13 +178,10 @@ class StreamRuntime:
     def _count(self, params: StreamParams, sign: int) -> None:
         depth = params.depth or params.audio
         self.num_depth_random += sign * (depth.temperature > 0)
-        self.num_depth_filtered += sign * depth.filters
-        if depth.filters:
-            self._depth_top_ks[depth.top_k] += sign
         self.num_random += sign * (params.audio.temperature > 0)
-        self.num_filtered += sign * params.audio.filters
-        if params.audio.filters:
-            self._filter_top_ks[params.audio.top_k] += sign
+        for deep, sampling in ((False, params.audio), (True, depth)):
+            if sampling.filters:
+                self._top_ks[deep][sampling.top_k] += sign
         if params.partner is not None:
             self.num_paired += sign
             self.num_cfg_filter += sign * (params.guidance.top_k > 0)
@@ -232,11 +227,11 @@ class StreamRuntime:
         put(self.depth_top_p, [d.top_p for d in depths], torch.float32)
         put(self.desync, [0] * len(claimed))
 
-    def _max_top_k(self, depth: bool = False) -> int:
-        """The largest audio (``depth``: depth-decoded) top-k among live filtering slots; 0 if one
-        filters by top-p alone (then candidates need a full sort)."""
-        ks = [k for k, n in (self._depth_top_ks if depth else self._filter_top_ks).items() if n > 0]
-        return 0 if not ks or 0 in ks else max(ks)
+    def _filtering(self, depth: bool = False) -> tuple[bool, int]:
+        """(whether a live slot filters its audio (``depth``: depth-decoded) codebooks, the largest
+        top-k among those slots; 0 if one filters by top-p alone: then candidates need a full sort)."""
+        ks = [k for k, n in self._top_ks[depth].items() if n > 0]
+        return bool(ks), 0 if not ks or 0 in ks else max(ks)
 
     def state_digest(self) -> str:
         """A hash of the whole stream state (every slot, stale ones included): equal on every
@@ -355,7 +350,7 @@ class StreamRuntime:
             )
         if tokens is not None and self.num_paired:
             raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
-        flags = (self.num_random > 0, self.num_filtered > 0, self._max_top_k(), self.num_paired > 0)
+        flags = (self.num_random > 0, *self._filtering(), self.num_paired > 0)
         return self._sample_step(logits, aux_logits, tokens, step.row_slots, step.last_pos, *flags)
 
     def graphed_logits(self, heads, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -382,14 +377,12 @@ class StreamRuntime:
         """Every host-side fact that changes which kernels the step runs."""
         return (
             self.num_random > 0,
-            self.num_filtered > 0,
-            self._max_top_k(),
+            *self._filtering(),
             self.num_paired > 0,
             self.num_cfg_filter > 0,
             self.num_text_random > 0,
             self.num_depth_random > 0,
-            self.num_depth_filtered > 0,
-            self._max_top_k(depth=True),
+            *self._filtering(depth=True),
         )
 
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
@@ -410,12 +403,13 @@ class StreamRuntime:
         g_next = step.last_pos + 1 - self.prompt_len[slots]
         if depth:
             settings = (self.depth_temperature, self.depth_top_k, self.depth_top_p)
-            flags = {"any_random": self.num_depth_random > 0, "any_filter": self.num_depth_filtered > 0}
+            any_random = self.num_depth_random > 0
         else:
             settings = (self.temperature, self.top_k, self.top_p)
-            flags = {"any_random": self.num_random > 0, "any_filter": self.num_filtered > 0}
+            any_random = self.num_random > 0
         # candidates from one topk of the largest top-k instead of a full sort of the vocabulary
-        flags["max_top_k"] = self._max_top_k(depth)
+        any_filter, max_top_k = self._filtering(depth)
+        flags = {"any_random": any_random, "any_filter": any_filter, "max_top_k": max_top_k}
         temperature, top_k, top_p = (x[slots] for x in settings)
         seeds = self.seed[slots]
         rows = row_keys(seeds, g_next)  # the noise key's per-row part, once per frame
