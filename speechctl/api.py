@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speechctl.accelerator import has_cuda
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.errors import EngineError, InputError, SpeechctlError
 
@@ -130,7 +131,7 @@ class Speech:
         self.engine = SpeechEngine(self.model_dir, engine_config)
         family = family_of(read_model_config(self.model_dir))  # the prompt format of its architecture
         self.prompts = family.prompt_builder(self.engine.spec, self.engine.tokenizer)
-        device = device or ("cuda" if _has_cuda() else "cpu")
+        device = device or ("cuda" if has_cuda() else "cpu")
         self.codec = load_codec(codec_dir(self.model_dir), device=device)
 
     def _start_replicas(self, config) -> None:
@@ -305,11 +306,6 @@ def _failure(job: Job, error: str, sample_rate: int) -> Result:
         return TtsResult(job.id, None, sample_rate, error=error)
     return AsrResult(job.id, None, error=error)
 
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 __all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "TtsChunk", "AsrResult", "InputError"]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speechctl.accelerator import has_cuda
 from speechctl.asr.segments import MAX_SECONDS, RATE, Window, join_text, plan_windows, segment
 from speechctl.errors import SpeechctlError
 
@@ -118,7 +119,7 @@ class WhisperAsr:
         if self.model_dir is None:
             raise SpeechctlError(f"{model}: not a Whisper model")
         self.config = config or WhisperConfig()
-        args = self.config.engine_args(self.model_dir, _has_cuda())
+        args = self.config.engine_args(self.model_dir, has_cuda())
         with vllm_compat.other_engines_keep_their_graphs():
             self._llm = LLM(**args)
         self._engine = self._llm.llm_engine
@@ -253,8 +254,3 @@ class WhisperAsr:
             self._llm = self._engine = None
             del llm
 
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

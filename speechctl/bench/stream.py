@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
+from speechctl.accelerator import has_cuda
 from speechctl.bench.cfg import _environment
 from speechctl.bench.shapes import SHAPES, describe
 from speechctl.engine.params import Sampling
@@ -84,17 +84,12 @@ def _load(shape: str, tmp: Path, concurrency: int, frames: int, engine_overrides
         load_format="auto" if recipe.weights else "dummy",
         **(engine_overrides or {}),
     )
-    if _has_cuda():  # the chat turn's Whisper and response LM share the GPU
+    if has_cuda():  # the chat turn's Whisper and response LM share the GPU
         config.gpu_memory_utilization = config.gpu_memory_utilization or 0.5
     started = time.perf_counter()
     speech = Speech(path, engine_config=config)
     return speech, time.perf_counter() - started
 
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 # -- TTS: time to first audio ------------------------------------------------------------------

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from speechctl.accelerator import has_cuda
 from speechctl.errors import EngineError, InputError
 
 END = "end"  # closes one run's share of jobs; None stops a replica
@@ -63,7 +64,7 @@ def placements(size: int, tensor_parallel_size: int = 1, on_gpu: bool | None = N
     that share again, ``vllm_compat.apply_engine_environment``)."""
     if size < 1 or tensor_parallel_size < 1:
         raise InputError(f"data parallel size {size} and tensor parallel size {tensor_parallel_size} must be >= 1")
-    on_gpu = _has_cuda() if on_gpu is None else on_gpu
+    on_gpu = has_cuda() if on_gpu is None else on_gpu
     need = size * tensor_parallel_size
     what = f"data parallel size {size} x tensor parallel size {tensor_parallel_size} needs {need}"
     if on_gpu:
@@ -314,11 +315,6 @@ def _one_line(e: BaseException) -> str:
     text = (str(e).strip().splitlines() or [""])[0]
     return text if isinstance(e, SpeechctlError) else f"{type(e).__name__}: {text}"
 
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 __all__ = ["Placement", "ReplicaPool", "placements", "replica_of"]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speechctl.accelerator import has_cuda
 from speechctl.engine import vllm_compat
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling, StreamParams
 from speechctl.engine.state import slot_capacity
@@ -55,7 +56,7 @@ class EngineConfig:
     load_format: str = "auto"  # "dummy": random weights without reading any (benchmarks)
 
     def engine_args(self, model: str) -> dict:
-        on_gpu = _has_cuda()
+        on_gpu = has_cuda()
         args = dict(
             model=model,
             tokenizer=model,
@@ -90,11 +91,6 @@ class EngineConfig:
             args["block_size"] = self.block_size
         return args
 
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 @dataclass
@@ -143,7 +139,7 @@ class SpeechEngine:
         self.config = config or EngineConfig()
         if self.config.data_parallel_size != 1:
             raise EngineError("a SpeechEngine is one replica: run data_parallel_size > 1 through speechctl.api.Speech")
-        vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=_has_cuda())
+        vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=has_cuda())
         from vllm.engine.arg_utils import EngineArgs
 
         from speechctl.engine.state import StreamTracker

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speechctl.pipeline.lm import LmConfig, LmStage, TextLm
+from speechctl.accelerator import has_cuda
 from speechctl.api import shared
+from speechctl.pipeline.lm import LmConfig, LmStage, TextLm
 from speechctl.pipeline.stage import Pipeline
+
 
 @dataclass
 class ChatConfig:
@@ -48,7 +50,7 @@ def load_asr_engine(model: str | None = None, gpu_fraction: float = 0.1):
         # that, not yet confirmed on a GPU); a chat's one utterance at a time of a 4-layer decoder
         # gains little from graphs.
         config = WhisperConfig(max_num_seqs=4, enforce_eager=True,
-                               gpu_memory_utilization=gpu_fraction if _has_cuda() else None)
+                               gpu_memory_utilization=gpu_fraction if has_cuda() else None)
         return load_asr(model, whisper_config=config)
 
     return shared(("asr", model, gpu_fraction), make)
@@ -88,8 +90,3 @@ def build_pipeline(speech, config: ChatConfig | None = None) -> Pipeline:
     tts = TtsStage(speech, job_options=config.tts_options, **config.chunking)
     return Pipeline([AsrStage(asr), LmStage(lm, config.lm), tts])
 
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -69,11 +69,11 @@ class TextLm:
         vllm_compat.apply_engine_environment()
         from vllm.engine.arg_utils import EngineArgs
 
-        import torch
+        from speechctl.accelerator import has_cuda
 
         self.config = config or LmConfig()
         self.model_dir = resolve_text_lm(model)
-        args = EngineArgs(**self.config.engine_args(str(self.model_dir), torch.cuda.is_available()))
+        args = EngineArgs(**self.config.engine_args(str(self.model_dir), has_cuda()))
         self._engine = vllm_compat.offline_engine(args)
         self.tokenizer = self._engine.get_tokenizer()
         self._live: set[str] = set()
