@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from speechctl.accelerator import has_cuda
+from speechctl.accelerator import has_cuda, split_cores
 from speechctl.errors import EngineError, InputError
 
 END = "end"  # closes one run's share of jobs; None stops a replica
@@ -77,11 +77,10 @@ def placements(size: int, tensor_parallel_size: int = 1, on_gpu: bool | None = N
             raise InputError(f"{what} GPUs; {len(devices)} visible")
         tp = tensor_parallel_size
         return [Placement(r, {"CUDA_VISIBLE_DEVICES": ",".join(devices[r * tp : (r + 1) * tp])}) for r in range(size)]
-    cores = sorted(os.sched_getaffinity(0))
-    if need > len(cores):
-        raise InputError(f"{what} CPU cores; {len(cores)} available")
-    per = len(cores) // size
-    return [Placement(r, {"OMP_NUM_THREADS": str(per)}, tuple(cores[r * per : (r + 1) * per])) for r in range(size)]
+    available = len(os.sched_getaffinity(0))
+    if need > available:
+        raise InputError(f"{what} CPU cores; {available} available")
+    return [Placement(r, {"OMP_NUM_THREADS": str(len(cores))}, cores) for r, cores in enumerate(split_cores(size))]
 
 
 class ReplicaPool:

@@ -73,11 +73,11 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
     evenly, unless the user set it."""
     os.environ.update(_ENGINE_ENV)
     if not on_gpu and tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        cores = sorted(os.sched_getaffinity(0))
-        per = len(cores) // tensor_parallel_size
-        if per < 1:
-            raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(cores)} available")
-        groups = [cores[i * per : (i + 1) * per] for i in range(tensor_parallel_size)]
+        from speechctl.accelerator import split_cores
+
+        groups = split_cores(tensor_parallel_size)
+        if groups is None:
+            raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(os.sched_getaffinity(0))} available")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
     # An engine built earlier in this process may have frozen vLLM's view of the environment
     # (vllm.envs caches its reads once enable_envs_cache() ran): make it read again.
