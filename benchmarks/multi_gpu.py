@@ -90,18 +90,6 @@ def measure(mode: str, shape: str, concurrency: int, frames: int, repeats: int, 
     return row
 
 
-def _environment() -> dict:
-    import platform
-
-    import torch
-    import vllm
-
-    env = {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    if torch.cuda.is_available():
-        env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return env
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="higgs-3b")
@@ -111,9 +99,10 @@ def main(argv=None) -> None:
     parser.add_argument("--modes", default="one,tp2,dp2")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    from speechctl.bench.report import environment
     from speechctl.bench.shapes import describe
 
-    result = {"benchmark": "multi_gpu", "model": describe(args.shape), "repeats": args.repeats, "environment": _environment(), "results": []}
+    result = {"benchmark": "multi_gpu", "model": describe(args.shape), "repeats": args.repeats, "environment": environment(), "results": []}
     for mode in args.modes.split(","):
         result["results"].append(measure(mode, args.shape, args.concurrency, args.frames, args.repeats, print))
         base = next((r["frames_per_s"] for r in result["results"] if r["mode"] == "one"), None)

@@ -5,12 +5,12 @@ runs as a pair, so it decodes two sequences."""
 
 from __future__ import annotations
 
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from speechctl.bench.report import environment, plot_rates_and_ratio
 from speechctl.bench.shapes import SHAPES, describe
 from speechctl.engine.params import Guidance, Sampling
 from speechctl.errors import EngineError
@@ -54,7 +54,7 @@ def run_cfg_bench(
         "repeats": repeats,
         "engine_startup_s": bench.startup_s,
         "pair_violations": stats["pair_violations"],
-        "environment": _environment(),
+        "environment": environment(),
         "results": rows,
     }
 
@@ -120,34 +120,8 @@ class ShapeEngine:
         return elapsed
 
 
-def _environment() -> dict:
-    import torch
-    import vllm
-
-    env = {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version()}
-    env["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
-    return env
-
-
 def plot_cfg(result: dict, path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["results"]
-    c = [r["concurrency"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(c, [r["plain_frames_per_s"] for r in rows], "o-", label="no CFG")
-    left.plot(c, [r["cfg_frames_per_s"] for r in rows], "s-", label=f"CFG (scale {result['cfg_scale']})")
-    left.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="audio frames / s")
-    left.legend()
-    right.plot(c, [r["cfg_ratio"] for r in rows], "o-")
-    right.axhline(0.9, ls="--", c="g", label="goal 0.90")
-    right.axhline(0.8, ls=":", c="r", label="paper 0.80")
-    right.set(xscale="log", ylim=(0, 1.1), xlabel="concurrent requests (pairs)", ylabel="CFG / no-CFG throughput")
-    right.legend()
-    m, env = result["model"], result["environment"]
-    fig.suptitle(f"{m['shape']} ({m['layers']}L, {m['hidden']}h, {m['codebooks']} codebooks), {env['device']}, vLLM {env['vllm']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    rates = [("plain_frames_per_s", "o-", "no CFG"), ("cfg_frames_per_s", "s-", f"CFG (scale {result['cfg_scale']})")]
+    goals = [(0.9, "--", "g", "goal 0.90"), (0.8, ":", "r", "paper 0.80")]
+    ratio = ("cfg_ratio", "concurrent requests (pairs)", "CFG / no-CFG throughput", goals)
+    plot_rates_and_ratio(result, path, rates, "audio frames / s", ratio)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from speechctl.bench.report import environment
 from speechctl.engine.params import Sampling
 from speechctl.errors import EngineError
 
@@ -108,7 +108,7 @@ def run_family_bench(
             "config": read_model_config(path),
             "startup_s": round(startup, 1),
             "rows": rows,
-            "environment": _environment(),
+            "environment": environment(),
         }
 
         def add(row: dict) -> None:
@@ -172,16 +172,6 @@ def _transformers_times(family, path, dtype, prompt_ids, count, frames, spec, re
     if device == "cuda":
         torch.cuda.empty_cache()
     return times
-
-
-def _environment() -> dict:
-    import torch
-    import transformers
-    import vllm
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
-            "vllm": vllm.__version__, "python": platform.python_version()}
 
 
 def main(argv=None) -> None:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from speechctl.accelerator import has_cuda
-from speechctl.bench.cfg import _environment
+from speechctl.bench.report import environment
 from speechctl.bench.shapes import SHAPES, describe
 from speechctl.engine.params import Sampling
 from speechctl.errors import EngineError
@@ -64,7 +64,7 @@ def run_stream_bench(
         "first_chunk_frames": first_chunk,
         "repeats": repeats,
         "engine_startup_s": None if startup is None else round(startup, 1),
-        "environment": {**_environment(), "load_average_1m": round(os.getloadavg()[0], 2)},  # CPU contention
+        "environment": {**environment(), "load_average_1m": round(os.getloadavg()[0], 2)},  # CPU contention
         "tts": rows,
         "turn": turn_row,
     }

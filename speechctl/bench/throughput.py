@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speechctl.bench.cfg import WORKLOAD_TEXT, ShapeEngine, _environment
+from speechctl.bench.cfg import WORKLOAD_TEXT, ShapeEngine
+from speechctl.bench.report import environment, plot_rates_and_ratio
 from speechctl.bench.shapes import SHAPES, describe
 from speechctl.errors import EngineError
 
@@ -98,7 +99,7 @@ def run_throughput_bench(
         "prompt_tokens": prompt_len,
         "repeats": repeats,
         "engine_startup_s": startup,
-        "environment": _environment(),
+        "environment": environment(),
         "results": rows,
         "codec": codec,
     }
@@ -198,27 +199,7 @@ def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) 
 def plot_throughput(result: dict, path) -> None:
     """frames/s of speechctl (graphs, eager) and tokens/s of plain vLLM per concurrency, and the
     overhead ratio (needs matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["results"]
-    c = [r["concurrency"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    if "plain_vllm_tokens_per_s" in rows[0]:
-        left.plot(c, [r["plain_vllm_tokens_per_s"] for r in rows], "k^--", label="plain vLLM (tokens/s)")
-    for mode, style in (("graphs", "o-"), ("eager", "s:")):
-        if f"{mode}_frames_per_s" in rows[0]:
-            left.plot(c, [r[f"{mode}_frames_per_s"] for r in rows], style, label=f"speechctl, step {mode} (frames/s)")
-    left.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="per second")
-    left.legend()
-    if "overhead_ratio" in rows[0]:
-        right.plot(c, [r["overhead_ratio"] for r in rows], "o-")
-        right.axhline(0.85, ls="--", c="g", label="goal 0.85")
-        right.set(xscale="log", ylim=(0, 1.1), xlabel="concurrent requests", ylabel="speechctl frames/s ÷ plain tokens/s")
-        right.legend()
-    m, env = result["model"], result["environment"]
-    fig.suptitle(f"{m['shape']} ({m['layers']}L, {m['hidden']}h, {m['codebooks']} codebooks), {env['device']}, vLLM {env['vllm']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    rates = [("plain_vllm_tokens_per_s", "k^--", "plain vLLM (tokens/s)")]
+    rates += [(f"{mode}_frames_per_s", style, f"speechctl, step {mode} (frames/s)") for mode, style in (("graphs", "o-"), ("eager", "s:"))]
+    ratio = ("overhead_ratio", "concurrent requests", "speechctl frames/s ÷ plain tokens/s", [(0.85, "--", "g", "goal 0.85")])
+    plot_rates_and_ratio(result, path, rates, "per second", ratio)
