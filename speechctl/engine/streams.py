@@ -127,6 +127,13 @@ class DelayPattern:
         return codes.reshape(self.num_streams, num_frames)
 
 
+def complete_frames(steps: np.ndarray, delays) -> np.ndarray:
+    """[S, K] steps so far, as generated (stream k holds frame t at step t + delays[k]) -> [K, T]
+    codes of every frame present on all streams; no check of what they hold."""
+    n = max(0, len(steps) - max(delays))
+    return np.stack([steps[d : d + n, k] for k, d in enumerate(delays)]).reshape(len(delays), n)
+
+
 @dataclass(frozen=True)
 class EndRules:
     """How a family's reference implementation ends the audio while generating.

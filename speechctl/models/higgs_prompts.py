@@ -22,7 +22,7 @@ import numpy as np
 
 from speechctl.engine.engine import StreamOutput, StreamRequest
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
-from speechctl.engine.streams import StreamSpec
+from speechctl.engine.streams import StreamSpec, complete_frames
 from speechctl.errors import EngineError, InputError
 
 DEFAULT_SYSTEM = "Generate audio following instruction."
@@ -133,9 +133,7 @@ class HiggsAudioV2Prompts:
         pat = self.spec.pattern
         ends = np.flatnonzero((steps == pat.eos).all(axis=1))
         steps = steps[: ends[0]] if len(ends) else steps
-        K = pat.num_streams
-        frames = max(0, steps.shape[0] - K + 1)
-        codes = np.stack([steps[k : k + frames, k] for k in range(K)]).reshape(K, frames)
+        codes = complete_frames(steps, range(pat.num_streams))  # delays 1..K counted from that frame
         return np.clip(codes, 0, pat.codebook_size - 1)
 
     def text(self, out: StreamOutput) -> str:

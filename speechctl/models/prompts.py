@@ -14,7 +14,7 @@ import numpy as np
 
 from speechctl.engine.engine import StreamOutput, StreamRequest
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
-from speechctl.engine.streams import StreamSpec
+from speechctl.engine.streams import StreamSpec, complete_frames
 from speechctl.errors import EngineError, InputError
 
 
@@ -153,10 +153,9 @@ class MultiStreamPrompts:
         steps so far ([S, K]): frame t once step t + max(delays) exists on every stream, up to the
         first frame holding a BOS/EOS/PAD where a code belongs (the audio has ended there)."""
         pat = self.spec.pattern
-        n = max(0, len(steps) - pat.max_delay)
-        codes = np.stack([steps[d : d + n, k] for k, d in enumerate(pat.delays)]).reshape(pat.num_streams, n)
+        codes = complete_frames(steps, pat.delays)
         bad = ((codes < 0) | (codes >= pat.codebook_size)).any(axis=0)
-        return codes[:, : int(np.argmax(bad)) if bad.any() else n]
+        return codes[:, : int(np.argmax(bad)) if bad.any() else codes.shape[1]]
 
     def text(self, out: StreamOutput) -> str:
         return self.tokenizer.decode(out.token_ids, skip_special_tokens=True).strip()
