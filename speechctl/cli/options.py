@@ -44,7 +44,7 @@ def engine_options(fn):
     @click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Requests decoded together.")
     @click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Longest prompt + output, in steps.")
     @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
-    @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (CPU: cores groups), vLLM's tensor parallelism.")
+    @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (CPU: groups of cores), vLLM's tensor parallelism.")
     @click.option("--data-parallel-size", "-dp", type=click.IntRange(1), default=1, show_default=True, help="Batch: run this many engine replicas, each on its own GPUs (CPU: cores), whole items split round robin (vLLM's data parallelism).")
     @click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
     @functools.wraps(fn)
@@ -54,8 +54,6 @@ def engine_options(fn):
         return fn(*args, **kwargs)
 
     return wrapper
-
-
 
 
 class EngineChoice:
