@@ -32,20 +32,14 @@ WARM, TIMED, PROFILED = 20, 40, 8
 
 def plain_engine(recipe, tmp: Path, max_seqs: int):
     """(step, submit(count)) for vLLM's own engine on a LlamaForCausalLM of the shape."""
-    from transformers import LlamaConfig
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    vocab = recipe.vocab_size or 264
-    LlamaConfig(vocab_size=vocab, hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
-                num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
-                intermediate_size=recipe.intermediate_size,
-                max_position_embeddings=recipe.max_position_embeddings).save_pretrained(tmp)
-    args = EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=recipe.dtype, load_format="dummy").engine_args(str(tmp))
-    for key in ("tokenizer", "limit_mm_per_prompt", "scheduler_cls"):
-        args.pop(key)
-    engine = LLM(skip_tokenizer_init=True, **args).llm_engine
+    from speechctl.bench.plain import plain_llm, plain_vocab
+
+    vocab = plain_vocab(recipe)
+    engine = plain_llm(recipe, tmp, max_seqs, 512).llm_engine
     # FINAL_ONLY as in LLM.generate (and speechctl): the default (cumulative) output kind would
     # build every request's output every step (the first H200 run measured that by mistake)
     params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False,

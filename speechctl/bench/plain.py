@@ -18,40 +18,46 @@ from pathlib import Path
 from speechctl.bench.shapes import SHAPES
 
 
-def run_plain(shape: str, concurrencies, tokens: int, prompt_len: int, repeats: int, engine_overrides=None) -> list[dict]:
+def plain_llm(recipe, directory: str | Path, max_num_seqs: int, max_model_len: int, engine_overrides=None):
+    """vLLM's own ``LLM`` on a ``LlamaForCausalLM`` with the backbone of ``recipe`` (config
+    written to ``directory``, random weights), engine settings as speechctl's."""
     from transformers import LlamaConfig
+    from vllm import LLM
 
     from speechctl.engine import vllm_compat  # noqa: F401  (in-process engine, V1 runner: as speechctl)
     from speechctl.engine.engine import EngineConfig
 
+    LlamaConfig(
+        vocab_size=plain_vocab(recipe),
+        hidden_size=recipe.hidden_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        intermediate_size=recipe.intermediate_size,
+        max_position_embeddings=recipe.max_position_embeddings,
+    ).save_pretrained(directory)
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=recipe.dtype,
+                          load_format="dummy", **(engine_overrides or {}))
+    args = config.engine_args(str(directory))
+    for key in ("tokenizer", "limit_mm_per_prompt", "scheduler_cls"):
+        args.pop(key)
+    return LLM(skip_tokenizer_init=True, **args)
+
+
+def plain_vocab(recipe) -> int:
+    return recipe.vocab_size or 264
+
+
+def run_plain(shape: str, concurrencies, tokens: int, prompt_len: int, repeats: int, engine_overrides=None) -> list[dict]:
     recipe = SHAPES[shape]
     if recipe.backbone != "llama":
         raise ValueError(f"plain baseline: only llama backbones, {shape} is {recipe.backbone}")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    vocab = recipe.vocab_size or 264
+    vocab = plain_vocab(recipe)
     with tempfile.TemporaryDirectory() as tmp:
-        LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=recipe.hidden_size,
-            num_hidden_layers=recipe.num_layers,
-            num_attention_heads=recipe.num_heads,
-            num_key_value_heads=recipe.num_kv_heads,
-            intermediate_size=recipe.intermediate_size,
-            max_position_embeddings=recipe.max_position_embeddings,
-        ).save_pretrained(tmp)
-        config = EngineConfig(
-            max_num_seqs=max(concurrencies),
-            max_model_len=prompt_len + tokens + 16,
-            dtype=recipe.dtype,
-            load_format="dummy",
-            **(engine_overrides or {}),
-        )
-        args = config.engine_args(tmp)
-        for key in ("tokenizer", "limit_mm_per_prompt", "scheduler_cls"):
-            args.pop(key)
-        llm = LLM(skip_tokenizer_init=True, **args)
+        llm = plain_llm(recipe, tmp, max(concurrencies), prompt_len + tokens + 16, engine_overrides)
         # The speechctl bench samples audio at temperature 0.9, top-k 50: the same sampler work here.
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False)
 
