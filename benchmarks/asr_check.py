@@ -34,6 +34,8 @@ for n, s in {"13": 61.0, "19": 250.5, "23": 470.0}.items():
 
 
 def wer(hyps):
+    """Corpus WER in %, as tests/test_asr_whisper.py computes it with jiwer; written out here
+    because the GPU machine has no jiwer (and no network to fetch it)."""
     from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
     norm = EnglishTextNormalizer({})
     errors = words = 0
