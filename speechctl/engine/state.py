@@ -412,12 +412,14 @@ class StreamRuntime:
         flags = {"any_random": any_random, "any_filter": any_filter, "max_top_k": max_top_k}
         temperature, top_k, top_p = (x[slots] for x in settings)
         seeds = self.seed[slots]
-        rows = row_keys(seeds, g_next)  # the noise key's per-row part, once per frame
+        # every codebook's noise keys at once, per frame: a codebook takes its column (a view)
+        streams = torch.arange(self.spec.num_codebooks, device=seeds.device)
+        keys = stream_keys(row_keys(seeds, g_next), streams)
 
         @torch.profiler.record_function("speechctl.sample_codebook")
         def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
-            keys = stream_keys(rows, torch.full((1,), stream, dtype=torch.int64, device=rows.device))
-            return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next, keys=keys, **flags)[:, 0]
+            return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next,
+                                  keys=keys[:, stream : stream + 1], **flags)[:, 0]
 
         return sample
 
