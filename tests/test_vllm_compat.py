@@ -87,6 +87,28 @@ def test_engine_args_we_pass_exist():
     assert "hf_overrides" in fields  # a family's config overrides (CSM's vocabulary)
 
 
+def test_a_kv_budget_in_bytes_asks_vllm_for_that_share_of_the_gpu(monkeypatch):
+    """vLLM 0.26 refuses to start unless gpu_memory_utilization x device memory is free, also when
+    kv_cache_memory_bytes sizes the cache: an engine with a byte budget asks for the budget's
+    share, so it starts beside other engines of the process (tests on the H200 failed without)."""
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.worker import utils
+
+    from speechctl.engine.engine import EngineConfig
+
+    source = inspect.getsource(utils.request_memory)
+    assert "init_snapshot.total_memory * cache_config.gpu_memory_utilization" in source
+    assert "if init_snapshot.free_memory < requested_memory" in source
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=64 << 30))
+    assert EngineConfig(kv_cache_bytes=16 << 30)._memory_fraction(on_gpu=True) == 0.25
+    assert EngineConfig(kv_cache_bytes=1 << 20)._memory_fraction(on_gpu=True) == 0.01
+    assert EngineConfig()._memory_fraction(on_gpu=True) == 0.85
+    assert EngineConfig(gpu_memory_utilization=0.5, kv_cache_bytes=1 << 20)._memory_fraction(on_gpu=True) == 0.5
+
+
 @pytest.mark.engine
 def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
     from speechctl.engine.engine import EngineConfig, SpeechEngine
@@ -131,6 +153,20 @@ def test_runner_names_its_cuda_graph_batch_sizes():
 
     init = inspect.getsource(GPUModelRunner.__init__)
     assert "self.cudagraph_batch_sizes = sorted(" in init and "self.cudagraph_batch_sizes = []" in init
+
+
+def test_no_step_graphs_under_tensor_parallelism(monkeypatch):
+    """Under TP the per-step work holds collectives that vLLM's custom all-reduce runs in a graph
+    only inside vLLM's own capture (vllm_compat.step_graph_sizes): speechctl captures none there."""
+    import vllm.distributed
+    from types import SimpleNamespace
+
+    from speechctl.engine import vllm_compat
+
+    runner = SimpleNamespace(cudagraph_batch_sizes=[1, 2, 4, 8])
+    for world, sizes in ((1, [1, 2, 4, 8]), (2, [])):
+        monkeypatch.setattr(vllm.distributed, "get_tensor_model_parallel_world_size", lambda: world)
+        assert vllm_compat.step_graph_sizes(runner) == sizes
 
 
 def test_kv_cache_manager_hands_out_held_blocks():

@@ -64,7 +64,7 @@ class EngineConfig:
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             enable_prefix_caching=self.enable_prefix_caching,
-            gpu_memory_utilization=self.gpu_memory_utilization or (0.85 if on_gpu else 0.3),
+            gpu_memory_utilization=self._memory_fraction(on_gpu),
             enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
@@ -91,6 +91,19 @@ class EngineConfig:
             args["block_size"] = self.block_size
         return args
 
+    def _memory_fraction(self, on_gpu: bool) -> float:
+        if self.gpu_memory_utilization:
+            return self.gpu_memory_utilization
+        if not on_gpu:
+            return 0.3
+        if self.kv_cache_bytes is None:
+            return 0.85
+        # With the KV cache given in bytes vLLM sizes nothing by the fraction, but refuses to start
+        # unless fraction x device memory is free: ask for the cache's share, so that engines with
+        # a byte budget start beside other engines of the process.
+        import torch
+
+        return min(0.85, max(0.01, self.kv_cache_bytes / torch.cuda.get_device_properties(0).total_memory))
 
 
 @dataclass
