@@ -9,14 +9,15 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export SPEECHCTL_CACHE=/tmp/speechctl-cache
+export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
+source "$(dirname "$0")/plugin_entry_point.sh"
 for stage in "$@"; do
   case "$stage" in
     tests)
       nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$OUT/env-multi-gpu.txt" 2>&1
       python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())" >> "$OUT/env-multi-gpu.txt" 2>&1
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_tensor_parallel.py tests/test_data_parallel.py \
-        2>&1 | tail -60 > "$OUT/pytest-multi-gpu.log"
+        > "$OUT/pytest-multi-gpu.log" 2>&1
       tail -5 "$OUT/pytest-multi-gpu.log"
       ;;
     parallel)

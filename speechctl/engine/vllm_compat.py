@@ -190,8 +190,20 @@ def attach_runtime(worker) -> int:
         raise RuntimeError(f"expected one StreamTracker logits processor, found {len(trackers)}")
     runtime.view = StepView(runner)
     trackers[0].runtime = runtime
-    runtime.use_step_graphs(cudagraph_batch_sizes(runner))
+    runtime.use_step_graphs(step_graph_sizes(runner))
     return runtime.capacity
+
+
+def step_graph_sizes(runner) -> list[int]:
+    """The batch sizes of speechctl's per-step CUDA graphs: vLLM's (below), none under tensor
+    parallelism. There the per-step work holds collectives (the vocab-parallel embedding's
+    all-reduce, the logits' gather), and vLLM's custom all-reduce works inside a CUDA graph only
+    when captured in vLLM's own ``graph_capture`` context, which registers its buffers for each
+    graph; replayed from our graphs it read unregistered memory (illegal memory access, two
+    H200s, vLLM 0.26). The backbone's forward keeps vLLM's full graphs."""
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return cudagraph_batch_sizes(runner) if get_tensor_model_parallel_world_size() == 1 else []
 
 
 def cudagraph_batch_sizes(runner) -> list[int]:
