@@ -199,10 +199,17 @@ def test_stream_tts_adds_up_to_run(speech):
     assert speech.engine.scheduler_requests() == 0
 
 
-def assert_stream_equals_run(speech, make_jobs, rtol_of_peak: float = 1e-5) -> float:
+def assert_stream_equals_run(speech, make_jobs, rtol_of_peak: float | None = None) -> float:
     """Streamed chunks of ``make_jobs()`` concatenate to ``Speech.run`` of the same jobs (same
     length; samples within ``rtol_of_peak`` of the peak: the streaming decoder's windows sum in
-    another order). Returns the largest difference relative to the peak."""
+    another order). On CUDA, torch's default runs cuDNN's float32 convolutions in TF32 (10-bit
+    mantissa, ``torch.backends.cudnn.allow_tf32``) with algorithms chosen per input length, so a
+    window and the whole differ by more (Mimi on the H200: 3e-4 of the peak). Returns the largest
+    difference relative to the peak."""
+    import torch
+
+    if rtol_of_peak is None:
+        rtol_of_peak = 1e-3 if torch.cuda.is_available() and torch.backends.cudnn.allow_tf32 else 1e-5
     whole = {r.id: r for r in speech.run(make_jobs())}
     parts = {}
     for chunk in speech.stream_tts(make_jobs(), first_chunk=2):
