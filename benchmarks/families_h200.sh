@@ -7,7 +7,8 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export SPEECHCTL_CACHE=/tmp/speechctl-cache
+export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
+source "$(dirname "$0")/plugin_entry_point.sh"
 case "${1:-bench}" in
   tests)
     python3 -m pytest -q -p no:cacheprovider -rA tests/test_higgs_audio_v2.py tests/test_csm.py 2>&1 | tee "$OUT/pytest-families.log" | tail -40

@@ -17,15 +17,18 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export SPEECHCTL_CACHE=/tmp/speechctl-cache
+export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
+source "$(dirname "$0")/plugin_entry_point.sh"
 if [ -n "${WHISPER_PACKAGE:-}" ]; then export PYTHONPATH=$WHISPER_PACKAGE:$PYTHONPATH; fi
 for stage in "$@"; do
   case "$stage" in
     tests)
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
-      timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_step_graphs.py tests/test_vllm_compat.py \
-        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py > "$OUT/pytest-gpu.log" 2>&1
+      # TESTS / TESTS_K: a subset (e.g. one half per GPU of a two-GPU machine)
+      timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
+        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
+        ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"
       ;;
     cfg)
@@ -35,7 +38,7 @@ for stage in "$@"; do
       ;;
     throughput)
       timeout "${TP_TIMEOUT:-400}" python3 -m speechctl.cli bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
-        --repeats "${REPEATS:-2}" --out "$OUT/throughput-higgs-3b.json" --plot "$OUT/throughput-higgs-3b.png" 2> "$OUT/throughput.log" | tail -3
+        --repeats "${REPEATS:-2}" ${TP_FLAGS:-} --out "$OUT/throughput-higgs-3b.json" --plot "$OUT/throughput-higgs-3b.png" 2> "$OUT/throughput.log" | tail -3
       grep -E "^c=|^codec|Error" "$OUT/throughput.log"
       ;;
     families)  # Higgs 3B; the JSON is rewritten after every row, so a timeout keeps what ran
