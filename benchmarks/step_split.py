@@ -30,7 +30,7 @@ PROMPT_LEN = 39
 WARM, TIMED, PROFILED = 20, 40, 8
 
 
-def plain_engine(recipe, tmp: Path, max_seqs: int):
+def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     """(step, submit(count)) for vLLM's own engine on a LlamaForCausalLM of the shape."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -39,7 +39,7 @@ def plain_engine(recipe, tmp: Path, max_seqs: int):
     from speechctl.bench.plain import plain_llm, plain_vocab
 
     vocab = plain_vocab(recipe)
-    engine = plain_llm(recipe, tmp, max_seqs, 512).llm_engine
+    engine = plain_llm(recipe, tmp, max_seqs, 512, overrides).llm_engine
     # FINAL_ONLY as in LLM.generate (and speechctl): the default (cumulative) output kind would
     # build every request's output every step (the first H200 run measured that by mistake)
     params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False,
@@ -61,14 +61,14 @@ def plain_engine(recipe, tmp: Path, max_seqs: int):
     return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=None)
 
 
-def speechctl_engine(recipe, tmp: Path, max_seqs: int):
+def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     from speechctl.engine.engine import SpeechEngine
     from speechctl.models.prompts import MultiStreamPrompts
     from speechctl.models.tiny import create_multistream_checkpoint
 
     path = create_multistream_checkpoint(tmp / "m", recipe)
     engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=recipe.dtype,
-                                             load_format="auto" if recipe.weights else "dummy"))
+                                             load_format="auto" if recipe.weights else "dummy", **overrides))
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     tags = []
 
@@ -147,12 +147,15 @@ def main() -> None:
     ap.add_argument("--out", default="out")
     ap.add_argument("--timeline", type=int, default=0, metavar="FRAMES",
                     help="speechctl: also record every step of one whole run of FRAMES frames per request")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="vLLM's token budget per step (default: the offline LLM class's, 16,384 on an H200)")
     args = ap.parse_args()
+    overrides = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
     make = plain_engine if args.system == "plain" else speechctl_engine
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        system = make(SHAPES[args.shape], Path(tmp), max(levels))
+        system = make(SHAPES[args.shape], Path(tmp), max(levels), overrides)
         for count in levels:
             rows.append(measure(system.step, system.submit, system.drain, count))
             print(args.system, rows[-1], flush=True)
@@ -163,7 +166,9 @@ def main() -> None:
                 print("timeline", {k: v for k, v in timelines[-1].items() if not k.endswith("per_step") and k != "step_ms"}, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"step-{args.system}-{args.shape}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "rows": rows, "timelines": timelines}, indent=1))
+    name = f"step-{args.system}-{args.shape}" + (f"-tokens{args.max_num_batched_tokens}" if overrides else "")
+    (out / f"{name}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "engine_overrides": overrides,
+                                                 "rows": rows, "timelines": timelines}, indent=1))
 
 
 if __name__ == "__main__":

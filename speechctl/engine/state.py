@@ -159,7 +159,7 @@ class StreamRuntime:
                 rows[src], rows[dst] = rows[dst], rows[src]
             else:
                 rows[dst], rows[src] = rows[src], self.scratch
-        self.row_slots[: update.batch_size].copy_(torch.from_numpy(rows[: update.batch_size]), non_blocking=True)
+        self.row_slots[: update.batch_size].copy_(self._to_device(rows[: update.batch_size]), non_blocking=True)
         if claimed:
             self._init_slots(claimed)
             self._link_partners([p for _, _, p in claimed if p.partner is not None])
@@ -191,41 +191,60 @@ class StreamRuntime:
         """Point both members of a pair at each other once both hold slots."""
         pairs = [(self.slots[p.key], self.slots[p.partner]) for p in members if p.partner in self.slots]
         if pairs:
-            a, b = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in zip(*pairs))
+            a, b = self._to_device(np.array(pairs, dtype=np.int64).T.copy())
             self.partner.index_copy_(0, a, b)
             self.partner.index_copy_(0, b, a)
 
     def _init_slots(self, claimed: list[tuple[int, int, StreamParams]]) -> None:
-        idx = torch.tensor([c[0] for c in claimed], dtype=torch.int64)
+        ps = [p for _, _, p in claimed]
+        depths = [p.depth or p.audio for p in ps]
+        columns = {  # dtype: [(buffer, the claimed requests' values)]
+            torch.int64: [
+                (self.prompt_len, [c[1] for c in claimed]),
+                (self.audio_start, [0 if p.starts_in_audio else NEVER for p in ps]),
+                (self.frames, [-1] * len(ps)),
+                (self.n_gen, [0] * len(ps)),
+                (self.max_frames, [p.max_frames for p in ps]),
+                (self.min_frames, [p.min_frames for p in ps]),
+                (self.top_k, [p.audio.top_k for p in ps]),
+                (self.seed, [p.seed & 0x7FFFFFFFFFFFFFFF for p in ps]),
+                (self.partner, [self.scratch] * len(ps)),
+                (self.cfg_top_k, [p.guidance.top_k for p in ps]),
+                (self.text_top_k, [p.text.top_k for p in ps]),
+                (self.depth_top_k, [d.top_k for d in depths]),
+                (self.desync, [0] * len(ps)),
+            ],
+            torch.float32: [
+                (self.temperature, [p.audio.temperature for p in ps]),
+                (self.top_p, [p.audio.top_p for p in ps]),
+                (self.cfg_scale, [p.guidance.scale for p in ps]),
+                (self.text_temperature, [p.text.temperature for p in ps]),
+                (self.text_top_p, [p.text.top_p for p in ps]),
+                (self.depth_temperature, [d.temperature for d in depths]),
+                (self.depth_top_p, [d.top_p for d in depths]),
+            ],
+            torch.bool: [
+                (self.allow_audio, [p.allow_audio for p in ps]),
+                (self.conditional, [p.conditional for p in ps]),
+                (self.cfg_text, [p.guidance.streams in ("text", "both") for p in ps]),
+                (self.cfg_audio, [p.guidance.streams in ("audio", "both") for p in ps]),
+            ],
+        }
+        idx = self._to_device(np.array([c[0] for c in claimed], dtype=np.int64))
+        for dtype, fields in columns.items():  # one copy per dtype: [fields, claimed]
+            values = self._to_device(torch.tensor([v for _, v in fields], dtype=dtype))
+            for (buf, _), row in zip(fields, values):
+                buf.index_copy_(0, idx, row.to(buf.dtype))
 
-        def put(buf: torch.Tensor, values, dtype=torch.int64):
-            buf.index_copy_(0, idx.to(buf.device), torch.tensor(values, dtype=dtype).to(buf.device))
-
-        put(self.prompt_len, [c[1] for c in claimed])
-        put(self.audio_start, [0 if p.starts_in_audio else NEVER for _, _, p in claimed])
-        put(self.frames, [-1] * len(claimed))
-        put(self.n_gen, [0] * len(claimed))
-        put(self.max_frames, [p.max_frames for _, _, p in claimed])
-        put(self.min_frames, [p.min_frames for _, _, p in claimed])
-        put(self.allow_audio, [p.allow_audio for _, _, p in claimed], torch.bool)
-        put(self.temperature, [p.audio.temperature for _, _, p in claimed], torch.float32)
-        put(self.top_k, [p.audio.top_k for _, _, p in claimed])
-        put(self.top_p, [p.audio.top_p for _, _, p in claimed], torch.float32)
-        put(self.seed, [p.seed & 0x7FFFFFFFFFFFFFFF for _, _, p in claimed])
-        put(self.partner, [self.scratch] * len(claimed))
-        put(self.conditional, [p.conditional for _, _, p in claimed], torch.bool)
-        put(self.cfg_scale, [p.guidance.scale for _, _, p in claimed], torch.float32)
-        put(self.cfg_text, [p.guidance.streams in ("text", "both") for _, _, p in claimed], torch.bool)
-        put(self.cfg_audio, [p.guidance.streams in ("audio", "both") for _, _, p in claimed], torch.bool)
-        put(self.cfg_top_k, [p.guidance.top_k for _, _, p in claimed])
-        put(self.text_temperature, [p.text.temperature for _, _, p in claimed], torch.float32)
-        put(self.text_top_k, [p.text.top_k for _, _, p in claimed])
-        put(self.text_top_p, [p.text.top_p for _, _, p in claimed], torch.float32)
-        depths = [p.depth or p.audio for _, _, p in claimed]
-        put(self.depth_temperature, [d.temperature for d in depths], torch.float32)
-        put(self.depth_top_k, [d.top_k for d in depths])
-        put(self.depth_top_p, [d.top_p for d in depths], torch.float32)
-        put(self.desync, [0] * len(claimed))
+    def _to_device(self, host) -> torch.Tensor:
+        """A host array as a tensor on the runtime's device, without waiting for the device: a
+        copy from pageable memory makes CUDA drain the stream first, which would stall the
+        asynchronously scheduled step; from pinned memory it is queued like a kernel (the pinned
+        block stays reserved until the copy has run)."""
+        t = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _filtering(self, depth: bool = False) -> tuple[bool, int]:
         """(whether a live slot filters its audio (``depth``: depth-decoded) codebooks, the largest
