@@ -129,6 +129,7 @@ def _check_view(worker):
         and isinstance(view.positions(4), torch.Tensor)
         and view.query_start_loc(1).shape == (2,)
         and isinstance(view.num_reqs(), int)
+        and runner.input_batch.logitsprocs_need_output_token_ids is False
     )
 
 
@@ -153,6 +154,19 @@ def test_runner_names_its_cuda_graph_batch_sizes():
 
     init = inspect.getsource(GPUModelRunner.__init__)
     assert "self.cudagraph_batch_sizes = sorted(" in init and "self.cudagraph_batch_sizes = []" in init
+
+
+def test_output_token_ids_are_kept_only_for_what_needs_them():
+    """attach_runtime turns off InputBatch.logitsprocs_need_output_token_ids (vLLM sets it for
+    any custom logits processor): the sampling metadata then carries no output ids unless
+    penalties or bad words ask for them, and the async path skips its per-step wait and loop."""
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    assert "logitsprocs_need_output_token_ids" in inspect.signature(InputBatch.__init__).parameters
+    source = inspect.getsource(InputBatch._make_sampling_metadata)
+    assert "or self.logitsprocs_need_output_token_ids" in source and "not self.no_penalties" in source
+    update = inspect.getsource(InputBatch.update_async_output_token_ids)
+    assert "if self.sampled_token_ids_cpu is None or not output_token_ids:" in update
 
 
 def test_no_step_graphs_under_tensor_parallelism(monkeypatch):

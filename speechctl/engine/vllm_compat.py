@@ -17,6 +17,9 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 * ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
   CUDA graphs (``CUDAGraphWrapper.clear_all_graphs``); the earlier engines get theirs back.
 * ``kernel_on_cuda``: a custom op's CUDA kernel, called from code outside vLLM's compiled forward.
+* ``attach_runtime``: ``InputBatch.logitsprocs_need_output_token_ids`` off (StreamTracker reads
+  no output ids; vLLM assumes every custom logits processor does).
+* ``step_graph_sizes``: the TP world size (no per-step graphs under tensor parallelism).
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
@@ -190,6 +193,10 @@ def attach_runtime(worker) -> int:
         raise RuntimeError(f"expected one StreamTracker logits processor, found {len(trackers)}")
     runtime.view = StepView(runner)
     trackers[0].runtime = runtime
+    # vLLM assumes a custom logits processor reads the batch's output token ids and keeps them per
+    # step: with async scheduling (GPU) that means waiting for the previous step's sampled ids and
+    # a Python loop over every request, each step. StreamTracker reads none (only who sits where).
+    runner.input_batch.logitsprocs_need_output_token_ids = False
     runtime.use_step_graphs(step_graph_sizes(runner))
     return runtime.capacity
 
