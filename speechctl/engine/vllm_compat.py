@@ -307,9 +307,11 @@ class PairScheduling:
         self._step: dict | None = None
         self.pair_violations = 0
         self.strict_pairs = os.environ.get("SPEECHCTL_STRICT_PAIRS") == "1"
-        allocate = self.kv_cache_manager.allocate_slots
+        # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
+        # unpaired steps call vLLM's directly: no extra frames per request)
+        allocate = self._plain_allocate = self.kv_cache_manager.allocate_slots
         params = list(inspect.signature(allocate).parameters)
-        self.kv_cache_manager.allocate_slots = lambda *a, **kw: self._allocate(allocate, params, *a, **kw)
+        self._paired_allocate = lambda *a, **kw: self._allocate(allocate, params, *a, **kw)
         # Prefix-cache only prompt blocks. A generated block's KV depends on the auxiliary
         # tokens the model sampled, which vLLM's block hashes do not cover: two requests with the
         # same prompt (every CFG partner of one length) would otherwise share blocks of different
@@ -358,10 +360,12 @@ class PairScheduling:
             self._forget_finished_pairs()
             self._order_pairs()
         self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set()}
+        self.kv_cache_manager.allocate_slots = self._paired_allocate
         try:
             output = super().schedule(*args, **kwargs)
         finally:
             self._step = None
+            self.kv_cache_manager.allocate_slots = self._plain_allocate
         self._preempt_orphans(output)
         self._check_pairs(output)
         return output
