@@ -95,3 +95,25 @@ def test_top_k_candidates_sample_like_the_full_vocabulary():
     full = sample_streams(logits, *args, max_top_k=0)
     candidates = sample_streams(logits, *args, max_top_k=40)
     np.testing.assert_array_equal(full, candidates)
+
+
+def test_noise_made_ahead_draws_what_the_sampler_draws():
+    """A frame's noise made once for every stream and code (``gumbel_noise``, as CSM's codebook
+    sampler does) gives the draws the sampler makes from its own noise, stream by stream,
+    with and without top-k / top-p, with one top-k for candidates or a full sort."""
+    gen = torch.Generator().manual_seed(4)
+    R, K, V = 6, 4, 37
+    logits = torch.randn(R, K, V, generator=gen) * 3
+    temperature = torch.tensor([0.0, 0.5, 1.0, 1.3, 0.9, 1.0])
+    top_k = torch.tensor([0, 5, 0, 12, 3, 0])
+    top_p = torch.tensor([1.0, 1.0, 0.8, 0.9, 1.0, 0.5])
+    seed, step = torch.randint(0, 2**40, (R,), generator=gen), torch.randint(0, 500, (R,), generator=gen)
+    noise = gumbel_noise(seed, step, K, V)
+    for flags in ({"any_filter": False}, {"any_filter": True}, {"any_filter": True, "max_top_k": 12}):
+        t, k, p = (temperature, top_k * 0, top_p * 0 + 1) if not flags["any_filter"] else (temperature, top_k, top_p)
+        own = sample_streams(logits, t, k, p, seed, step, **flags)
+        ahead = sample_streams(logits, t, k, p, seed, step, noise=noise, **flags)
+        assert torch.equal(own, ahead), flags
+        for s in range(K):  # one stream at a time, as the depth decoder samples codebooks
+            one = sample_streams(logits[:, s : s + 1], t, k, p, seed, step, noise=noise[:, s : s + 1], **flags)
+            assert torch.equal(one[:, 0], own[:, s]), (flags, s)

@@ -34,8 +34,9 @@ def stream_keys(rows: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
-    """Gumbel noise for ``token_ids`` [R, K, N] keyed by (seed[R], step[R], stream, token id);
-    ``keys`` [R, K]: ``stream_keys`` already computed (stream k of a row need not be k)."""
+    """Gumbel noise for ``token_ids`` [R, K, N] (or [N], the same ids for every row and stream)
+    keyed by (seed[R], step[R], stream, token id); ``keys`` [R, K]: ``stream_keys`` already
+    computed (stream k of a row need not be k)."""
     if keys is None:
         k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64)
         keys = stream_keys(row_keys(seed, step), k)
@@ -44,10 +45,12 @@ def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor, k
     return -torch.log(-torch.log(u))
 
 
-def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab: int) -> torch.Tensor:
-    """[R, K, V] noise for every token of the vocabulary."""
-    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64).expand(seed.shape[0], num_streams, vocab)
-    return gumbel_at(seed, step, ids)
+def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab: int, keys: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, K, V] noise for every token of the vocabulary (``keys``: as in ``gumbel_at``)."""
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
+    if keys is None:
+        ids = ids.expand(seed.shape[0], num_streams, vocab)
+    return gumbel_at(seed, step, ids, keys)
 
 
 def sample_streams(
@@ -61,15 +64,15 @@ def sample_streams(
     any_random: bool = True,
     any_filter: bool = True,
     max_top_k: int = 0,
-    keys: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sample one token per (row, stream).
 
     logits: [R, K, V] float32, already masked (-inf) where a token is not allowed.
     temperature, top_p: [R] float32 (temperature 0 = greedy; top_p 1 = off); top_k: [R] int64
     (0 = off); seed, step: [R] int64. The keyword flags let the caller skip work it knows no row
-    needs (decided on the host from request settings, never by a device sync). ``keys`` [R, K]:
-    the noise's stream keys, when the caller has them (``stream_keys``). ``any_random``
+    needs (decided on the host from request settings, never by a device sync). ``noise``
+    [R, K, V]: the rows' ``gumbel_noise``, when the caller has it already. ``any_random``
     (some temperature > 0), ``any_filter`` (some top-k/top-p), ``max_top_k`` (> 0 when every
     filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
     full sort). Returns [R, K] int64.
@@ -81,7 +84,7 @@ def sample_streams(
     scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
     if not any_filter:
         ids = torch.arange(V, device=logits.device).expand(scaled.shape)
-        sampled = (scaled + gumbel_at(seed, step, ids, keys)).argmax(dim=-1)
+        sampled = (scaled + (gumbel_at(seed, step, ids) if noise is None else noise)).argmax(dim=-1)
         return torch.where(temperature[:, None] > 0, sampled, greedy)
     n = min(max_top_k, V) if max_top_k > 0 else V
     if n < V:
@@ -94,6 +97,6 @@ def sample_streams(
     probs = cand.softmax(dim=-1)
     above = probs.cumsum(dim=-1) - probs  # mass strictly above this token
     cand = cand.masked_fill((above >= top_p[:, None, None]) & (rank > 0), float("-inf"))
-    pick = (cand + gumbel_at(seed, step, ids, keys)).argmax(dim=-1, keepdim=True)
+    pick = (cand + (gumbel_at(seed, step, ids) if noise is None else noise.gather(-1, ids))).argmax(dim=-1, keepdim=True)
     sampled = ids.gather(-1, pick)[..., 0]
     return torch.where(temperature[:, None] > 0, sampled, greedy)

@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
-from speechctl.engine.sampling import row_keys, sample_streams, stream_keys
+from speechctl.engine.sampling import gumbel_noise, row_keys, sample_streams, stream_keys
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -431,14 +431,18 @@ class StreamRuntime:
         flags = {"any_random": any_random, "any_filter": any_filter, "max_top_k": max_top_k}
         temperature, top_k, top_p = (x[slots] for x in settings)
         seeds = self.seed[slots]
-        # every codebook's noise keys at once, per frame: a codebook takes its column (a view)
-        streams = torch.arange(self.spec.num_codebooks, device=seeds.device)
-        keys = stream_keys(row_keys(seeds, g_next), streams)
+        table = []  # the frame's noise, every codebook and code: made at the first codebook
 
         @torch.profiler.record_function("speechctl.sample_codebook")
         def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
+            if any_random and not table:
+                # one batch of hashing kernels per frame instead of one per codebook: the
+                # per-codebook work is launch-bound (a few rows, ~2k codes)
+                keys = stream_keys(row_keys(seeds, g_next), torch.arange(self.spec.num_codebooks, device=seeds.device))
+                table.append(gumbel_noise(seeds, g_next, self.spec.num_codebooks, logits.shape[-1], keys))
+            noise = table[0][:, stream : stream + 1] if table else None
             return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next,
-                                  keys=keys[:, stream : stream + 1], **flags)[:, 0]
+                                  noise=noise, **flags)[:, 0]
 
         return sample
 
