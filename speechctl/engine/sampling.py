@@ -23,34 +23,21 @@ def _hash31(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def row_keys(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """[R] keys of (seed, step): the part of the noise's key shared by a row's streams."""
-    return _hash31(seed ^ _hash31(step * 0x1E3779B1 + (seed >> 31)))
-
-
-def stream_keys(rows: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """[R] row keys, [K] stream indices -> [R, K] keys."""
-    return _hash31(rows[:, None] + streams[None, :] * 0x05EBCA6B)
-
-
-def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
-    """Gumbel noise for ``token_ids`` [R, K, N] (or [N], the same ids for every row and stream)
-    keyed by (seed[R], step[R], stream, token id); ``keys`` [R, K]: ``stream_keys`` already
-    computed (stream k of a row need not be k)."""
-    if keys is None:
-        k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64)
-        keys = stream_keys(row_keys(seed, step), k)
-    bits = _hash31(keys[:, :, None] + token_ids * 0x42B2AE35)
+def gumbel_at(seed: torch.Tensor, step: torch.Tensor, token_ids: torch.Tensor, first_stream: int = 0) -> torch.Tensor:
+    """Gumbel noise for ``token_ids`` [R, K, N] keyed by (seed[R], step[R], stream, token id);
+    the K streams are ``first_stream`` onwards."""
+    k = torch.arange(token_ids.shape[1], device=seed.device, dtype=torch.int64) + first_stream
+    base = _hash31(seed[:, None] ^ _hash31(step[:, None] * 0x1E3779B1 + (seed[:, None] >> 31)))
+    base = _hash31(base + k[None, :] * 0x05EBCA6B)  # [R, K]
+    bits = _hash31(base[:, :, None] + token_ids * 0x42B2AE35)
     u = ((bits >> 7).to(torch.float32) + 0.5) / 16777216.0  # 24 bits: exact in float32
     return -torch.log(-torch.log(u))
 
 
-def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab: int, keys: torch.Tensor | None = None) -> torch.Tensor:
-    """[R, K, V] noise for every token of the vocabulary (``keys``: as in ``gumbel_at``)."""
-    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    if keys is None:
-        ids = ids.expand(seed.shape[0], num_streams, vocab)
-    return gumbel_at(seed, step, ids, keys)
+def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab: int, first_stream: int = 0) -> torch.Tensor:
+    """[R, K, V] noise for every token of the vocabulary, streams ``first_stream`` onwards."""
+    ids = torch.arange(vocab, device=seed.device, dtype=torch.int64).expand(seed.shape[0], num_streams, vocab)
+    return gumbel_at(seed, step, ids, first_stream)
 
 
 def sample_streams(

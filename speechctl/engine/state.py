@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
-from speechctl.engine.sampling import gumbel_noise, row_keys, sample_streams, stream_keys
+from speechctl.engine.sampling import gumbel_noise, sample_streams
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -407,17 +407,18 @@ class StreamRuntime:
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
         """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens (see
         ``codebook_sampler``)."""
-        return self.codebook_sampler(depth)(logits, stream)
+        return self.codebook_sampler(depth, range(stream, stream + 1))(logits, stream)
 
-    def codebook_sampler(self, depth: bool = False):
-        """``sample(logits [R, V], stream) -> [R]`` for this step's rows, for a model whose
-        codebooks depend on each other within a step (CSM's depth decoder): each row's audio
-        sampling settings (``depth``: its depth-decoder settings) and seed; the draw is keyed by
-        (seed, generated index, stream), so it does not depend on the batch either. The rows'
-        settings are gathered once here, not once per codebook."""
+    def codebook_sampler(self, depth: bool = False, streams: range | None = None):
+        """``sample(logits [R, V], stream) -> [R]`` for this step's rows and codebooks
+        ``streams``, for a model whose codebooks depend on each other within a step (CSM's depth
+        decoder): each row's audio sampling settings (``depth``: its depth-decoder settings) and
+        seed; the draw is keyed by (seed, generated index, stream), so it does not depend on the
+        batch either. The rows' settings are gathered once here, not once per codebook."""
         step = self._step
         if step is None:  # profiling and warm-up runs
             return lambda logits, stream: logits.argmax(dim=-1)
+        streams = streams or range(self.spec.num_codebooks)
         slots = step.row_slots
         g_next = step.last_pos + 1 - self.prompt_len[slots]
         if depth:
@@ -431,18 +432,17 @@ class StreamRuntime:
         flags = {"any_random": any_random, "any_filter": any_filter, "max_top_k": max_top_k}
         temperature, top_k, top_p = (x[slots] for x in settings)
         seeds = self.seed[slots]
-        table = []  # the frame's noise, every codebook and code: made at the first codebook
+        table = []  # the noise of every code of ``streams``: made at the first codebook
 
         @torch.profiler.record_function("speechctl.sample_codebook")
         def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
             if any_random and not table:
                 # one batch of hashing kernels per frame instead of one per codebook: the
                 # per-codebook work is launch-bound (a few rows, ~2k codes)
-                keys = stream_keys(row_keys(seeds, g_next), torch.arange(self.spec.num_codebooks, device=seeds.device))
-                table.append(gumbel_noise(seeds, g_next, self.spec.num_codebooks, logits.shape[-1], keys))
-            noise = table[0][:, stream : stream + 1] if table else None
+                table.append(gumbel_noise(seeds, g_next, len(streams), logits.shape[-1], streams.start))
+            i = stream - streams.start
             return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next,
-                                  noise=noise, **flags)[:, 0]
+                                  noise=table[0][:, i : i + 1] if table else None, **flags)[:, 0]
 
         return sample
 

@@ -226,7 +226,8 @@ class CsmForConditionalGeneration(StreamModel):
         On CUDA the whole frame (backbone head, depth decoder, sampling) is one graph replay."""
         runtime = self.stream_runtime
         first = runtime.sample_codebook(self.lm_head(hidden_states), 0)
-        frame = self.depth_decoder.decode_frame(hidden_states, first, runtime.codebook_sampler(depth=True))
+        depth_sampler = runtime.codebook_sampler(depth=True, streams=range(1, self.spec.num_codebooks))
+        frame = self.depth_decoder.decode_frame(hidden_states, first, depth_sampler)
         logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)
         return runtime.sample(logits, tokens=frame)
 
