@@ -159,7 +159,7 @@ class StreamRuntime:
                 rows[src], rows[dst] = rows[dst], rows[src]
             else:
                 rows[dst], rows[src] = rows[src], self.scratch
-        self.row_slots[: update.batch_size].copy_(self._to_device(rows[: update.batch_size]), non_blocking=True)
+        self.row_slots[: update.batch_size].copy_(self._staged(rows[: update.batch_size]), non_blocking=True)
         if claimed:
             self._init_slots(claimed)
             self._link_partners([p for _, _, p in claimed if p.partner is not None])
@@ -237,14 +237,16 @@ class StreamRuntime:
                 buf.index_copy_(0, idx, row.to(buf.dtype))
 
     def _to_device(self, host) -> torch.Tensor:
-        """A host array as a tensor on the runtime's device, without waiting for the device: a
-        copy from pageable memory makes CUDA drain the stream first, which would stall the
-        asynchronously scheduled step; from pinned memory it is queued like a kernel (the pinned
-        block stays reserved until the copy has run)."""
+        """A host array as a tensor on the runtime's device (see ``_staged``)."""
+        return self._staged(host).to(self.device, non_blocking=True)
+
+    def _staged(self, host) -> torch.Tensor:
+        """A host array as a tensor to copy to the device without waiting for it: a copy from
+        pageable memory makes CUDA drain the stream first, which would stall the asynchronously
+        scheduled step; from pinned memory it is queued like a kernel (the pinned block stays
+        reserved until the copy has run, so later host writes cannot reach it)."""
         t = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
-        if self.device.type != "cuda":
-            return t.to(self.device)
-        return t.pin_memory().to(self.device, non_blocking=True)
+        return t.pin_memory() if self.device.type == "cuda" else t
 
     def _filtering(self, depth: bool = False) -> tuple[bool, int]:
         """(whether a live slot filters its audio (``depth``: depth-decoded) codebooks, the largest
