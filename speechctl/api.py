@@ -307,5 +307,4 @@ def _failure(job: Job, error: str, sample_rate: int) -> Result:
     return AsrResult(job.id, None, error=error)
 
 
-
 __all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "TtsChunk", "AsrResult", "InputError"]

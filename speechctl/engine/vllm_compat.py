@@ -394,11 +394,11 @@ class PairScheduling:
         return pairs + others if pairs_first else merged
 
     def _allocate(self, allocate, params, request, *args, **kwargs):
-        step = self._step
+        step = self._step  # installed by schedule() for a step that schedules pairs
         rid = request.request_id
-        if step is None or rid not in self._pair_of:
+        if rid not in self._pair_of:
             blocks = allocate(request, *args, **kwargs)
-            if blocks is not None and step is not None:
+            if blocks is not None:
                 step["budget"] -= _bound(params, request, args, kwargs)["num_new_tokens"]
             return blocks
         call = _bound(params, request, args, kwargs)
