@@ -315,5 +315,4 @@ def _one_line(e: BaseException) -> str:
     return text if isinstance(e, SpeechctlError) else f"{type(e).__name__}: {text}"
 
 
-
 __all__ = ["Placement", "ReplicaPool", "placements", "replica_of"]

@@ -45,12 +45,7 @@ def load_asr_engine(model: str | None = None, gpu_fraction: float = 0.1):
     from speechctl.asr import WhisperConfig
 
     def make():
-        # Eager: on the H200 the LM engine's start-up cleared this engine's CUDA graphs (vLLM's
-        # profiling clears every engine's; vllm_compat.other_engines_keep_their_graphs now undoes
-        # that, not yet confirmed on a GPU); a chat's one utterance at a time of a 4-layer decoder
-        # gains little from graphs.
-        config = WhisperConfig(max_num_seqs=4, enforce_eager=True,
-                               gpu_memory_utilization=gpu_fraction if has_cuda() else None)
+        config = WhisperConfig(max_num_seqs=4, gpu_memory_utilization=gpu_fraction if has_cuda() else None)
         return load_asr(model, whisper_config=config)
 
     return shared(("asr", model, gpu_fraction), make)

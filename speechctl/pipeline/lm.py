@@ -34,10 +34,7 @@ class LmConfig:
     kv_cache_bytes: int = 64 << 20
     gpu_memory_utilization: float = 0.25
     dtype: str = "auto"
-    # default: eager everywhere. On the H200 a later engine's start-up cleared the CUDA graphs of
-    # the chat's earlier engines (vLLM's profiling clears every engine's;
-    # vllm_compat.other_engines_keep_their_graphs now undoes that); eager until a GPU run confirms.
-    enforce_eager: bool | None = True
+    enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     load_format: str = "auto"  # "dummy": random weights (benchmarks of a model shape)
 
     def engine_args(self, model: str, on_gpu: bool) -> dict:
