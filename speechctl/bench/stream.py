@@ -91,7 +91,6 @@ def _load(shape: str, tmp: Path, concurrency: int, frames: int, engine_overrides
     return speech, time.perf_counter() - started
 
 
-
 # -- TTS: time to first audio ------------------------------------------------------------------
 
 
