@@ -35,6 +35,9 @@ def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec()
         assert row["overhead_ratio"] == pytest.approx(row["eager_frames_per_s"] / row["plain_vllm_tokens_per_s"], rel=1e-2)
     codec = result["codec"]
     assert codec["requests"] == 4 and codec["batched_s"] > 0 and codec["one_by_one_s"] > 0
+    # each process's host speed beside the results (the plain baseline runs in its own process)
+    for env in (result["environment"], result["plain_environment"]):
+        assert env["host"]["launch_us"] > 0 and env["host"]["python_loop_ns"] > 0
 
 
 def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():

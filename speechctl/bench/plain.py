@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from speechctl.bench.report import environment
 from speechctl.bench.shapes import SHAPES
 
 
@@ -91,7 +92,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     rows = run_plain(args.shape, [int(c) for c in args.concurrency.split(",")], args.tokens, args.prompt_len,
                      args.repeats, json.loads(args.overrides))
-    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    # this process's environment too: its host speed may differ from the speechctl process's
+    args.out.write_text(json.dumps({"rows": rows, "environment": environment()}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ rates against concurrency beside a ratio with its reference lines."""
 from __future__ import annotations
 
 import platform
+import time
 from pathlib import Path
 
 
@@ -20,7 +21,35 @@ def environment() -> dict:
             env["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     else:
         env["device"] = platform.processor() or "cpu"
+    env["host"] = host_probe()
     return env
+
+
+def host_probe(launches: int = 2000, iterations: int = 200_000) -> dict:
+    """How fast this process's host side runs: microseconds to queue one tiny device op (nothing
+    waits for it) and nanoseconds per iteration of a plain Python loop. On the lent H200 whole
+    processes have run the same host-bound decode step at 7 or at 12 ms, whatever the commit
+    (docs/benchmarks/throughput.md); each result records this to tell such a process apart."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    x = torch.zeros(1, device="cuda" if cuda else "cpu")
+    for _ in range(100):  # warm-up: the kernel's first launch loads it
+        x.add_(1)
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(launches):
+        x.add_(1)
+    launch = (time.perf_counter() - start) / launches
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i
+    loop = (time.perf_counter() - start) / iterations
+    return {"launch_us": round(launch * 1e6, 2), "python_loop_ns": round(loop * 1e9, 1)}
 
 
 def plot_rates_and_ratio(result: dict, path: str | Path, rates, rates_label: str, ratio) -> None:

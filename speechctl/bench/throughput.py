@@ -51,7 +51,7 @@ def run_throughput_bench(
     # Plain vLLM first, in its own process: an in-process engine does not give all its device
     # memory back when it shuts down.
     steps, prompt_len = _workload_shape(shape, frames)
-    base_rows = _plain_rows(shape, concurrencies, steps, prompt_len, repeats, engine_overrides) if plain else None
+    base = _plain_run(shape, concurrencies, steps, prompt_len, repeats, engine_overrides) if plain else None
     with ShapeEngine(shape, max_num_seqs=max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
         if (bench.engine.spec.pattern.num_steps(frames), len(bench.workload(1)[0].prompt_ids)) != (steps, prompt_len):
             raise EngineError("plain baseline and speechctl workloads differ")
@@ -83,10 +83,10 @@ def run_throughput_bench(
         startup = bench.startup_s
     main_mode = "graphs" if graphs else "eager"
     if plain:
-        for row, base in zip(rows, base_rows):
-            row["plain_vllm_tokens_per_s"] = base["tokens_per_s"]
-            row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / base["tokens_per_s"], 3)
-            log(f"c={row['concurrency']:4d} plain vLLM {base['tokens_per_s']} tokens/s  ratio {row['overhead_ratio']}")
+        for row, base_row in zip(rows, base["rows"]):
+            row["plain_vllm_tokens_per_s"] = base_row["tokens_per_s"]
+            row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / base_row["tokens_per_s"], 3)
+            log(f"c={row['concurrency']:4d} plain vLLM {base_row['tokens_per_s']} tokens/s  ratio {row['overhead_ratio']}")
     codec = _codec_bench(codec_requests, frames, codec_config, repeats) if codec_requests else None
     if codec:
         log(f"codec: batched {codec['batched_s']} s, one by one {codec['one_by_one_s']} s, speed-up {codec['speedup']}; "
@@ -100,6 +100,7 @@ def run_throughput_bench(
         "repeats": repeats,
         "engine_startup_s": startup,
         "environment": environment(),
+        "plain_environment": base["environment"] if plain else None,
         "results": rows,
         "codec": codec,
     }
@@ -140,7 +141,8 @@ def _frame_rate(path: Path) -> float:
     return config["sampling_rate"] / hop
 
 
-def _plain_rows(shape, concurrencies, steps, prompt_len, repeats, overrides) -> list[dict]:
+def _plain_run(shape, concurrencies, steps, prompt_len, repeats, overrides) -> dict:
+    """{rows, environment} of plain vLLM run in its own process (``speechctl.bench.plain``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plain.json"
         cmd = [sys.executable, "-m", "speechctl.bench.plain", "--shape", shape,
