@@ -223,12 +223,17 @@ def test_an_engine_built_later_leaves_earlier_engines_their_graphs():
 
 
 def test_custom_ops_have_their_cuda_kernel_method():
-    """CSM's depth decoder calls the rotary embedding's CUDA kernel directly on CUDA."""
+    """CSM's depth decoder calls the rotary embedding's and SiluAndMul's CUDA kernels directly on
+    CUDA; its fused gate/up projection puts the gate first, as SiluAndMul reads it."""
     from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
     with set_current_vllm_config(VllmConfig()):
         rope = get_rope(32, max_position=64, is_neox_style=True)
-    assert callable(rope.forward_cuda)
-    x = torch.zeros(2, 32)
-    assert vllm_compat.kernel_on_cuda(rope, x) is rope  # the CPU keeps vLLM's own dispatch
+        act = SiluAndMul()
+    for op in (rope, act):
+        assert callable(op.forward_cuda)
+        assert vllm_compat.kernel_on_cuda(op, torch.zeros(2, 32)) is op  # the CPU keeps vLLM's own dispatch
+    gate_up = torch.randn(3, 16)
+    torch.testing.assert_close(act.forward_native(gate_up), torch.nn.functional.silu(gate_up[:, :8]) * gate_up[:, 8:])

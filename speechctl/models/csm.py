@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.config import VllmConfig
+from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaModel
@@ -51,15 +52,20 @@ from speechctl.models.multistream import (
     StreamModel,
 )
 
+# transformers' separate projections -> (our fused projection, part)
+_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
 
 class _DepthAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         H = config.hidden_size
-        self.q_proj = nn.Linear(H, self.heads * self.head_dim, bias=config.attention_bias)
-        self.k_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
-        self.v_proj = nn.Linear(H, self.kv_heads * self.head_dim, bias=config.attention_bias)
+        # q, k and v in one GEMM (fewer kernels per depth step; loaded from q_proj, k_proj and
+        # v_proj by CsmDepthDecoder.load_weights)
+        self.sizes = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+        self.qkv_proj = nn.Linear(H, sum(self.sizes), bias=config.attention_bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=config.attention_bias)
 
     def forward(self, x, positions, rotary, cache: tuple[torch.Tensor, torch.Tensor], start: int, causal: bool):
@@ -67,7 +73,7 @@ class _DepthAttention(nn.Module):
         ``causal``: the first call's two positions (a host bool: torch.compile traces ``n`` as a
         symbol, which SDPA's ``is_causal`` does not take)."""
         R, n, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         # eager on CUDA: vLLM's rotary kernel; compiled: the native form, which inductor fuses
         rope = rotary if torch.compiler.is_compiling() else vllm_compat.kernel_on_cuda(rotary, x)
         q, k = rope(positions, q.reshape(R * n, -1), k.reshape(R * n, -1))
@@ -85,12 +91,15 @@ class _DepthMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         H, I = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(H, I, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(H, I, bias=config.mlp_bias)
+        self.gate_up_proj = nn.Linear(H, 2 * I, bias=config.mlp_bias)  # gate_proj, up_proj in one GEMM
         self.down_proj = nn.Linear(I, H, bias=config.mlp_bias)
+        self.act = SiluAndMul()
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        # eager on CUDA: vLLM's fused kernel (one instead of two); compiled: inductor fuses the native form
+        act = self.act if torch.compiler.is_compiling() else vllm_compat.kernel_on_cuda(self.act, gate_up)
+        return self.down_proj(act(gate_up))
 
 
 class _DepthLayer(nn.Module):
@@ -146,6 +155,26 @@ class CsmDepthDecoder(nn.Module):
         )
         if compile_per_step_work():  # ~100 small kernels per depth step, 31 steps per frame
             self._run = torch.compile(self._run, dynamic=True)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """transformers' names (relative to ``depth_decoder``); q/k/v and gate/up go into their
+        part of the fused projection's rows."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            module, _, leaf = name.rpartition(".")
+            parent, _, proj = module.rpartition(".")
+            if proj in _FUSED:
+                fused, part = _FUSED[proj]
+                name = f"{parent}.{fused}.{leaf}"
+                owner = self.get_submodule(parent)
+                sizes = owner.sizes if fused == "qkv_proj" else (owner.down_proj.in_features,) * 2
+                start = sum(sizes[:part])
+                params[name].data[start : start + sizes[part]].copy_(tensor)
+            else:
+                params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded
 
     def _run(self, x: torch.Tensor, start: int, caches, causal: bool) -> torch.Tensor:
         """[R, n, H_backbone] inputs at positions start.. -> [R, H_d] last position's hidden."""
