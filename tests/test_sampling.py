@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from speechctl.engine.sampling import gumbel_noise, sample_streams
+from speechctl.engine.sampling import gumbel_noise, row_settings, sample_streams
 
 
 def _sample(logits, temperature=1.0, top_k=0, top_p=1.0, seed=0, step=0):
@@ -97,10 +97,11 @@ def test_top_k_candidates_sample_like_the_full_vocabulary():
     np.testing.assert_array_equal(full, candidates)
 
 
-def test_noise_made_ahead_draws_what_the_sampler_draws():
-    """A frame's noise made once for every stream and code (``gumbel_noise``, as CSM's codebook
-    sampler does) gives the draws the sampler makes from its own noise, stream by stream,
-    with and without top-k / top-p, with one top-k for candidates or a full sort."""
+def test_noise_and_settings_made_ahead_draw_what_the_sampler_draws():
+    """A frame's noise made once for every stream and code (``gumbel_noise``) and the rows'
+    settings derived once (``row_settings``), as CSM's codebook sampler does, give the draws the
+    sampler makes from its own, stream by stream, with and without top-k / top-p, with one top-k
+    for candidates or a full sort."""
     gen = torch.Generator().manual_seed(4)
     R, K, V = 6, 4, 37
     logits = torch.randn(R, K, V, generator=gen) * 3
@@ -114,6 +115,7 @@ def test_noise_made_ahead_draws_what_the_sampler_draws():
         own = sample_streams(logits, t, k, p, seed, step, **flags)
         ahead = sample_streams(logits, t, k, p, seed, step, noise=noise, **flags)
         assert torch.equal(own, ahead), flags
+        rows = row_settings(t, k, p, V, flags["any_filter"], flags.get("max_top_k", 0))
         for s in range(K):  # one stream at a time, as the depth decoder samples codebooks
-            one = sample_streams(logits[:, s : s + 1], t, k, p, seed, step, noise=noise[:, s : s + 1], **flags)
+            one = sample_streams(logits[:, s : s + 1], t, k, p, seed, step, noise=noise[:, s : s + 1], rows=rows, **flags)
             assert torch.equal(one[:, 0], own[:, s]), (flags, s)

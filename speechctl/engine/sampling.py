@@ -8,6 +8,8 @@ candidate set gives exactly what sampling over the whole vocabulary with the sam
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 # 31-bit values and constants: every constant fits int32 (compiled Triton kernels type literals
@@ -40,6 +42,30 @@ def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, num_streams: int, vocab
     return gumbel_at(seed, step, ids, first_stream)
 
 
+class RowSettings(NamedTuple):
+    """A batch's sampling settings in the shapes ``sample_streams`` uses. Derived once per step
+    and reused for every codebook a depth decoder samples in turn (a few kernels each time)."""
+
+    temperature: torch.Tensor  # [R, 1, 1], kept away from 0
+    random: torch.Tensor  # [R, 1]: temperature > 0
+    beyond_k: torch.Tensor | None  # [R, 1, n]: candidate rank >= the row's top-k (n candidates)
+    not_first: torch.Tensor | None  # [n]: candidate rank > 0
+    top_p: torch.Tensor  # [R, 1, 1]
+
+
+def row_settings(temperature, top_k, top_p, vocab: int, any_filter: bool = True, max_top_k: int = 0) -> RowSettings:
+    """temperature, top_p [R] float32 (temperature 0 = greedy; top_p 1 = off), top_k [R] int64
+    (0 = off) for a vocabulary of ``vocab``; ``any_filter``, ``max_top_k``: see ``sample_streams``."""
+    beyond_k = not_first = None
+    if any_filter:
+        n = min(max_top_k, vocab) if max_top_k > 0 else vocab
+        rank = torch.arange(n, device=temperature.device)
+        beyond_k = rank >= torch.where(top_k > 0, top_k, vocab)[:, None, None]
+        not_first = rank > 0
+    return RowSettings(temperature.clamp(min=1e-5)[:, None, None], temperature[:, None] > 0, beyond_k, not_first,
+                       top_p[:, None, None])
+
+
 def sample_streams(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -52,6 +78,7 @@ def sample_streams(
     any_filter: bool = True,
     max_top_k: int = 0,
     noise: torch.Tensor | None = None,
+    rows: RowSettings | None = None,
 ) -> torch.Tensor:
     """Sample one token per (row, stream).
 
@@ -59,7 +86,8 @@ def sample_streams(
     temperature, top_p: [R] float32 (temperature 0 = greedy; top_p 1 = off); top_k: [R] int64
     (0 = off); seed, step: [R] int64. The keyword flags let the caller skip work it knows no row
     needs (decided on the host from request settings, never by a device sync). ``noise``
-    [R, K, V]: the rows' ``gumbel_noise``, when the caller has it already. ``any_random``
+    [R, K, V]: the rows' ``gumbel_noise``, when the caller has it already; ``rows``: the
+    settings' ``row_settings`` (same flags), when the caller has them already. ``any_random``
     (some temperature > 0), ``any_filter`` (some top-k/top-p), ``max_top_k`` (> 0 when every
     filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
     full sort). Returns [R, K] int64.
@@ -68,22 +96,22 @@ def sample_streams(
     if not any_random:
         return greedy
     V = logits.shape[-1]
-    scaled = logits / temperature.clamp(min=1e-5)[:, None, None]
+    if rows is None:
+        rows = row_settings(temperature, top_k, top_p, V, any_filter, max_top_k)
+    scaled = logits / rows.temperature
     if not any_filter:
         ids = torch.arange(V, device=logits.device).expand(scaled.shape)
         sampled = (scaled + (gumbel_at(seed, step, ids) if noise is None else noise)).argmax(dim=-1)
-        return torch.where(temperature[:, None] > 0, sampled, greedy)
-    n = min(max_top_k, V) if max_top_k > 0 else V
+        return torch.where(rows.random, sampled, greedy)
+    n = rows.beyond_k.shape[-1]
     if n < V:
         cand, ids = scaled.topk(n, dim=-1)  # sorted, descending
     else:
         cand, ids = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(n, device=logits.device)
-    k = torch.where(top_k > 0, top_k, V)[:, None, None]
-    cand = cand.masked_fill(rank >= k, float("-inf"))
+    cand = cand.masked_fill(rows.beyond_k, float("-inf"))
     probs = cand.softmax(dim=-1)
     above = probs.cumsum(dim=-1) - probs  # mass strictly above this token
-    cand = cand.masked_fill((above >= top_p[:, None, None]) & (rank > 0), float("-inf"))
+    cand = cand.masked_fill((above >= rows.top_p) & rows.not_first, float("-inf"))
     pick = (cand + (gumbel_at(seed, step, ids) if noise is None else noise.gather(-1, ids))).argmax(dim=-1, keepdim=True)
     sampled = ids.gather(-1, pick)[..., 0]
-    return torch.where(temperature[:, None] > 0, sampled, greedy)
+    return torch.where(rows.random, sampled, greedy)

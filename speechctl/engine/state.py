@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
-from speechctl.engine.sampling import gumbel_noise, sample_streams
+from speechctl.engine.sampling import gumbel_noise, row_settings, sample_streams
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -434,17 +434,21 @@ class StreamRuntime:
         flags = {"any_random": any_random, "any_filter": any_filter, "max_top_k": max_top_k}
         temperature, top_k, top_p = (x[slots] for x in settings)
         seeds = self.seed[slots]
-        table = []  # the noise of every code of ``streams``: made at the first codebook
+        # the noise of every code of ``streams`` and the rows' settings, made at the first
+        # codebook: one batch of kernels per frame instead of one per codebook (the per-codebook
+        # work is launch-bound: a few rows, ~2k codes)
+        frame = {}
 
         @torch.profiler.record_function("speechctl.sample_codebook")
         def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
-            if any_random and not table:
-                # one batch of hashing kernels per frame instead of one per codebook: the
-                # per-codebook work is launch-bound (a few rows, ~2k codes)
-                table.append(gumbel_noise(seeds, g_next, len(streams), logits.shape[-1], streams.start))
+            if any_random and not frame:
+                vocab = logits.shape[-1]
+                frame["noise"] = gumbel_noise(seeds, g_next, len(streams), vocab, streams.start)
+                frame["rows"] = row_settings(temperature, top_k, top_p, vocab, any_filter, max_top_k)
             i = stream - streams.start
             return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next,
-                                  noise=table[0][:, i : i + 1] if table else None, **flags)[:, 0]
+                                  noise=frame["noise"][:, i : i + 1] if frame else None, rows=frame.get("rows"),
+                                  **flags)[:, 0]
 
         return sample
 
