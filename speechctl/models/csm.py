@@ -176,10 +176,9 @@ class CsmDepthDecoder(nn.Module):
             loaded.add(name)
         return loaded
 
-    def _run(self, x: torch.Tensor, start: int, caches, causal: bool) -> torch.Tensor:
-        """[R, n, H_backbone] inputs at positions start.. -> [R, H_d] last position's hidden."""
-        R, n, _ = x.shape
-        positions = torch.arange(start, start + n, device=x.device).repeat(R)
+    def _run(self, x: torch.Tensor, positions: torch.Tensor, start: int, caches, causal: bool) -> torch.Tensor:
+        """[R, n, H_backbone] inputs at positions start.. (``positions`` [R * n], row by row)
+        -> [R, H_d] last position's hidden."""
         h = self.model.inputs_embeds_projector(x)
         for layer, cache in zip(self.model.layers, caches):
             h = layer(h, positions, self.rotary_emb, cache, start, causal)
@@ -192,13 +191,16 @@ class CsmDepthDecoder(nn.Module):
         R = hidden.shape[0]
         shape = (R, self.config.num_key_value_heads, K + 1, self.config.head_dim)
         caches = [(hidden.new_empty(shape), hidden.new_empty(shape)) for _ in self.model.layers]
-        embed = self.model.embed_tokens
-        x = torch.stack([hidden, embed(first).to(hidden.dtype)], dim=1)  # positions 0, 1
+        table = self.model.embed_tokens.weight  # codebook k's rows at k*V..k*V+V-1
+        x = torch.stack([hidden, F.embedding(first, table[:V]).to(hidden.dtype)], dim=1)  # positions 0, 1
+        # every depth step's positions made once per frame: row k holds position k for every row
+        positions = torch.arange(K + 1, device=hidden.device)[:, None].expand(K + 1, R).contiguous()
         tokens = [first]
         for k in range(1, K):
-            h = self._run(x, 0 if k == 1 else k, caches, k == 1)
+            pos = torch.arange(2, device=hidden.device).repeat(R) if k == 1 else positions[k]
+            h = self._run(x, pos, 0 if k == 1 else k, caches, k == 1)
             tokens.append(sample(h @ self.codebooks_head.weight[k - 1], k))
-            x = embed(tokens[-1] + k * V)[:, None].to(hidden.dtype)  # codebook k at position k + 1
+            x = F.embedding(tokens[-1], table[k * V : (k + 1) * V])[:, None].to(hidden.dtype)  # position k + 1
         return torch.stack(tokens, dim=1)
 
 
