@@ -25,18 +25,20 @@ def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec()
     small_dac = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsampling_ratios=[8, 5, 4, 2],
                      decoder_hidden_size=32, codebook_dim=8, sampling_rate=16000, n_codebooks=4, codebook_size=64)
     result = run_throughput_bench("tiny", concurrencies=(1, 2), frames=10, repeats=1, codec_requests=4,
-                                  codec_config=small_dac, log=lambda line: None)
+                                  codec_config=small_dac, plain_runs=2, log=lambda line: None)
     assert result["steps_per_request"] == 10 + 3 + 1  # frames + max delay + the closing step
     for row in result["results"]:
         # On the CPU there are no CUDA graphs: the one speechctl column is the eager one.
         assert row["eager_frames_per_s"] > 0 and "graphs_frames_per_s" not in row
         assert row["eager_audio_s_per_s"] == pytest.approx(row["eager_frames_per_s"] / 50, abs=0.1)
         assert row["eager_rtf_median"] > 0
+        # the baseline's fastest process is the reference (two processes, one figure each)
+        assert len(row["plain_vllm_runs"]) == 2 and row["plain_vllm_tokens_per_s"] == max(row["plain_vllm_runs"])
         assert row["overhead_ratio"] == pytest.approx(row["eager_frames_per_s"] / row["plain_vllm_tokens_per_s"], rel=1e-2)
     codec = result["codec"]
     assert codec["requests"] == 4 and codec["batched_s"] > 0 and codec["one_by_one_s"] > 0
     # each process's host speed beside the results (the plain baseline runs in its own process)
-    for env in (result["environment"], result["plain_environment"]):
+    for env in (result["environment"], *result["plain_environments"]):
         assert env["host"]["launch_us"] > 0 and env["host"]["python_loop_ns"] > 0
 
 
