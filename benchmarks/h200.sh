@@ -3,7 +3,7 @@
 # call so that each fits the device tool's 10-minute limit:
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
-#   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM, graphs on/off, codec
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM (two processes), graphs on/off, codec: ~5.5 min
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh csm          # CSM 1B vs transformers
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh stream       # time to first audio
@@ -38,7 +38,7 @@ for stage in "$@"; do
       grep -E "^c=|Error" "$OUT/cfg.log"
       ;;
     throughput)
-      timeout "${TP_TIMEOUT:-400}" python3 -m speechctl.cli bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
+      timeout "${TP_TIMEOUT:-540}" python3 -m speechctl.cli bench --shape higgs-3b --concurrency "${TP_CONC:-1,4,16,64,256}" --frames 256 \
         --repeats "${REPEATS:-2}" ${TP_FLAGS:-} --out "$OUT/throughput-higgs-3b.json" --plot "$OUT/throughput-higgs-3b.png" 2> "$OUT/throughput.log" | tail -3
       grep -E "^c=|^codec|Error" "$OUT/throughput.log"
       ;;
