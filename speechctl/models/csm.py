@@ -91,6 +91,7 @@ class _DepthMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         H, I = config.hidden_size, config.intermediate_size
+        self.sizes = (I, I)  # the parts of gate_up_proj (CsmDepthDecoder.load_weights)
         self.gate_up_proj = nn.Linear(H, 2 * I, bias=config.mlp_bias)  # gate_proj, up_proj in one GEMM
         self.down_proj = nn.Linear(I, H, bias=config.mlp_bias)
         self.act = SiluAndMul()
@@ -167,8 +168,7 @@ class CsmDepthDecoder(nn.Module):
             if proj in _FUSED:
                 fused, part = _FUSED[proj]
                 name = f"{parent}.{fused}.{leaf}"
-                owner = self.get_submodule(parent)
-                sizes = owner.sizes if fused == "qkv_proj" else (owner.down_proj.in_features,) * 2
+                sizes = self.get_submodule(parent).sizes  # the fused projection's parts
                 start = sum(sizes[:part])
                 params[name].data[start : start + sizes[part]].copy_(tensor)
             else:
