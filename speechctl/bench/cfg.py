@@ -105,11 +105,16 @@ class ShapeEngine:
             for i in range(count)
         ]
 
-    def timed(self, count: int, guidance: Guidance = Guidance()) -> float:
-        """Wall time of ``count`` requests submitted at once, checked to have done the work."""
+    def timed(self, count: int, guidance: Guidance = Guidance(), latencies: list | None = None) -> float:
+        """Wall time of ``count`` requests submitted at once, checked to have done the work;
+        ``latencies`` gets each request's time from submission to its output."""
         reqs = self.workload(count, guidance)
         start = time.perf_counter()
-        outs = list(self.engine.generate(reqs))
+        outs = []
+        for out in self.engine.generate(reqs):
+            outs.append(out)
+            if latencies is not None:
+                latencies.append(time.perf_counter() - start)
         elapsed = time.perf_counter() - start
         for out in outs:  # the run did the work it is named after
             if out.error:

@@ -48,12 +48,11 @@ def run_throughput_bench(
     engine_overrides: dict | None = None,
     log=print,
 ) -> dict:
-    # Plain vLLM first, in its own process: an in-process engine does not give all its device
-    # memory back when it shuts down.
+    # Plain vLLM first, in processes of its own (an in-process engine does not give all its device
+    # memory back when it shuts down), plain_runs of them with the fastest kept per concurrency:
+    # whole processes on a lent GPU machine have run host-bound steps ~1.7x slower than others
+    # (docs/benchmarks/throughput.md), so one slow baseline process would flatter the ratio.
     steps, prompt_len = _workload_shape(shape, frames)
-    # The baseline in plain_runs processes, the fastest per concurrency kept: whole processes on
-    # a lent GPU machine have run host-bound steps ~1.7x slower than others (docs/benchmarks/
-    # throughput.md), so one slow baseline process would flatter the ratio; the fastest cannot.
     bases = [_plain_run(shape, concurrencies, steps, prompt_len, repeats, engine_overrides) for _ in range(plain_runs)]
     with ShapeEngine(shape, max_num_seqs=max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
         if (bench.engine.spec.pattern.num_steps(frames), len(bench.workload(1)[0].prompt_ids)) != (steps, prompt_len):
@@ -66,15 +65,15 @@ def run_throughput_bench(
             modes = [("graphs" if graphs else "eager", True)] + ([("eager", False)] if graphs and eager_too else [])
             for mode, on in modes:
                 bench.engine.set_step_graphs(on)
-                _requests_timed(bench, count)  # warm-up at this batch size (graph capture, caches)
+                bench.timed(count)  # warm-up at this batch size (graph capture, caches)
                 captured = bench.engine.stats()["graph_captures"]
-                runs = [_requests_timed(bench, count) for _ in range(repeats)]
+                latencies = []
+                walls = [bench.timed(count, latencies=latencies) for _ in range(repeats)]
                 # per-step graphs are recorded lazily per batch-size bucket: any recorded inside
                 # the timed runs (a batch size the warm-up did not meet) cost time there
                 if on:
                     row["graph_captures_timed"] = bench.engine.stats()["graph_captures"] - captured
-                wall = statistics.median(r[0] for r in runs)
-                latencies = [t for r in runs for t in r[1]]
+                wall = statistics.median(walls)
                 row[f"{mode}_frames_per_s"] = round(count * frames / wall, 1)
                 row[f"{mode}_audio_s_per_s"] = round(count * frames / wall / frame_rate, 1)
                 row[f"{mode}_rtf_median"] = round(statistics.median(latencies) / (frames / frame_rate), 4)
@@ -120,21 +119,6 @@ def _workload_shape(shape: str, frames: int) -> tuple[int, int]:
     spec = byte_stream_spec(recipe.stream_delays, recipe.codebook_size)
     probe = MultiStreamPrompts(spec, byte_tokenizer(SPECIAL_TOKENS)).tts(WORKLOAD_TEXT.format(i=0), max_frames=frames)
     return spec.pattern.num_steps(frames), len(probe.prompt_ids)
-
-
-def _requests_timed(bench: ShapeEngine, count: int) -> tuple[float, list[float]]:
-    """(wall time of the batch, each request's time from submission to its output)."""
-    reqs = bench.workload(count)
-    start = time.perf_counter()
-    latencies = []
-    for out in bench.engine.generate(reqs):
-        latencies.append(time.perf_counter() - start)
-        if out.error:
-            raise EngineError(f"benchmark request failed: {out.error}")
-        (codes,) = bench.prompts.audio_segments(out, starts_in_audio=True)
-        if codes.shape[1] != bench.frames:
-            raise EngineError(f"expected {bench.frames} frames, got {codes.shape[1]}")
-    return time.perf_counter() - start, latencies
 
 
 def _frame_rate(path: Path) -> float:
