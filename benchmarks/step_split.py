@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from speechctl.bench.cfg import AUDIO_SAMPLING
-from speechctl.bench.report import host_probe
+from speechctl.bench.report import environment
 from speechctl.bench.shapes import SHAPES
 from speechctl.engine.engine import EngineConfig
 
@@ -169,7 +169,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = f"step-{args.system}-{args.shape}" + (f"-tokens{args.max_num_batched_tokens}" if overrides else "")
     (out / f"{name}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "engine_overrides": overrides,
-                                                 "host": host_probe(), "rows": rows, "timelines": timelines}, indent=1))
+                                                 "environment": environment(), "rows": rows, "timelines": timelines}, indent=1))
 
 
 if __name__ == "__main__":
