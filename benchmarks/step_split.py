@@ -7,14 +7,17 @@ exceeds GPU time, the step waits on the host.
     python3 benchmarks/step_split.py --system speechctl --shape higgs-3b --concurrency 64,256 --out $OUT
 
 One system per process (each engine gets the whole GPU); each writes step-<system>-<shape>.json.
-``--timeline FRAMES`` (speechctl) also records every step of one whole fixed-length run, as the
+``--timeline FRAMES`` also records every step of one whole fixed-length run, as the
 throughput bench times it: admission and prefill, steady decode and the tail, step by step.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ from speechctl.engine.engine import EngineConfig
 
 PROMPT_LEN = 39
 WARM, TIMED, PROFILED = 20, 40, 8
+PROFILE_STEPS = range(100, 140)  # a timeline's steady steps under --host-profile
 
 
 def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
@@ -43,15 +47,17 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     engine = plain_llm(recipe, tmp, max_seqs, 512, overrides).llm_engine
     # FINAL_ONLY as in LLM.generate (and speechctl): the default (cumulative) output kind would
     # build every request's output every step (the first H200 run measured that by mistake)
-    params = SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
+    def params(frames: int) -> SamplingParams:
+        return SamplingParams(max_tokens=frames, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False,
+                              output_kind=RequestOutputKind.FINAL_ONLY)
+
     live: list[str] = []
 
-    def submit(count: int) -> None:
+    def submit(count: int, frames: int = 400) -> None:
         for i in range(count):
             prompt = TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(PROMPT_LEN)])
             live.append(f"r{len(live)}-{time.monotonic_ns()}")
-            engine.add_request(live[-1], prompt, params)
+            engine.add_request(live[-1], prompt, params(frames))
 
     def drain() -> None:
         engine.abort_request(live)
@@ -59,7 +65,12 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
         while engine.has_unfinished_requests():
             engine.step()
 
-    return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=None)
+    def run_all(host_profile=None) -> list[tuple[float, int]]:
+        steps = run_steps(engine.step, engine.has_unfinished_requests, host_profile)
+        live.clear()
+        return steps
+
+    return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
 
 
 def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
@@ -85,24 +96,35 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
         while engine.has_work() or engine.scheduler_requests():
             engine.step()
 
-    def run_all() -> list[tuple[float, int]]:
-        """Step until everything submitted is done: (wall ms, outputs) per step."""
-        steps = []
-        while engine.has_work() or engine.scheduler_requests():
-            start = time.perf_counter()
-            outs = engine.step()
-            steps.append((round((time.perf_counter() - start) * 1e3, 3), len(outs)))
+    def run_all(host_profile=None) -> list[tuple[float, int]]:
+        steps = run_steps(engine.step, lambda: engine.has_work() or engine.scheduler_requests(), host_profile)
         tags.clear()
         return steps
 
     return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
 
 
-def timeline(submit, run_all, count: int, frames: int) -> dict:
+def run_steps(step, busy, host_profile=None) -> list[tuple[float, int]]:
+    """Step until ``busy()`` is false: (wall ms, outputs) per step; ``host_profile`` (a
+    cProfile.Profile) runs over the steady steps PROFILE_STEPS."""
+    steps = []
+    while busy():
+        profiling = host_profile is not None and len(steps) in PROFILE_STEPS
+        if profiling:
+            host_profile.enable()
+        start = time.perf_counter()
+        outs = step()
+        steps.append((round((time.perf_counter() - start) * 1e3, 3), len(outs)))
+        if profiling:
+            host_profile.disable()
+    return steps
+
+
+def timeline(submit, run_all, count: int, frames: int, host_profile=None) -> dict:
     """One whole fixed-length run, as the throughput bench times it: where its steps' time goes
     (admission and prefill, steady decode, the tail)."""
     submit(count, frames)
-    run_all()  # warm-up: this batch's graphs and caches
+    run_all(host_profile)  # warm-up: this batch's graphs and caches (and the host profile, off the clock)
     submit(count, frames)
     steps = run_all()
     ms = [t for t, _ in steps]
@@ -119,7 +141,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(step, submit, drain, count: int) -> dict:
+def measure(step, submit, drain, count: int, host_profile=None) -> dict:
     submit(count)
     for _ in range(WARM):  # admission, prefill, warm decode
         step()
@@ -129,6 +151,12 @@ def measure(step, submit, drain, count: int) -> dict:
         step()
     sync()
     wall_ms = (time.perf_counter() - start) / TIMED * 1e3
+    if host_profile is not None:  # after the clock: the same steps under cProfile
+        host_profile.enable()
+        for _ in range(TIMED):
+            step()
+        sync()
+        host_profile.disable()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILED):
             step()
@@ -147,26 +175,37 @@ def main() -> None:
     ap.add_argument("--concurrency", default="64,256")
     ap.add_argument("--out", default="out")
     ap.add_argument("--timeline", type=int, default=0, metavar="FRAMES",
-                    help="speechctl: also record every step of one whole run of FRAMES frames per request")
+                    help="also record every step of one whole run of FRAMES frames per request")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="vLLM's token budget per step (default: the offline LLM class's, 16,384 on an H200)")
+    ap.add_argument("--phases", default="measure,timeline",
+                    help="in this order: 'measure' (steady steps of every concurrency), 'timeline' (whole runs); "
+                         "e.g. timeline,measure,timeline to see whether a process's steps change with its history")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="cProfile steady steps of each phase (after its clock) and write the top functions by own time")
     args = ap.parse_args()
     overrides = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
     make = plain_engine if args.system == "plain" else speechctl_engine
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        system = make(SHAPES[args.shape], Path(tmp), max(levels), overrides)
-        for count in levels:
-            rows.append(measure(system.step, system.submit, system.drain, count))
-            print(args.system, rows[-1], flush=True)
-        timelines = []
-        if args.timeline and system.run_all is not None:
-            for count in levels:
-                timelines.append(timeline(system.submit, system.run_all, count, args.timeline))
-                print("timeline", {k: v for k, v in timelines[-1].items() if not k.endswith("per_step") and k != "step_ms"}, flush=True)
+    rows, timelines, host_profiles = [], [], {}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        system = make(SHAPES[args.shape], Path(tmp), max(levels), overrides)
+        for index, phase in enumerate(args.phases.split(",")):
+            for count in levels:
+                prof = host_profiles.setdefault(f"{index}-{phase}-c{count}", cProfile.Profile()) if args.host_profile else None
+                if phase == "measure":
+                    rows.append({"phase": index, **measure(system.step, system.submit, system.drain, count, prof)})
+                    print(args.system, rows[-1], flush=True)
+                elif args.timeline and system.run_all is not None:
+                    timelines.append({"phase": index, **timeline(system.submit, system.run_all, count, args.timeline, prof)})
+                    print("timeline", {k: v for k, v in timelines[-1].items() if not k.endswith("per_step") and k != "step_ms"}, flush=True)
+    for key, prof in host_profiles.items():
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+        (out / f"host-{args.system}-{key}.txt").write_text(text.getvalue())
     name = f"step-{args.system}-{args.shape}" + (f"-tokens{args.max_num_batched_tokens}" if overrides else "")
     (out / f"{name}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "engine_overrides": overrides,
                                                  "environment": environment(), "rows": rows, "timelines": timelines}, indent=1))
