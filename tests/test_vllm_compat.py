@@ -111,12 +111,22 @@ def test_a_kv_budget_in_bytes_asks_vllm_for_that_share_of_the_gpu(monkeypatch):
 
 @pytest.mark.engine
 def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
+    """...and the runtime, if something keeps it after the engine is gone, keeps no runner."""
+    import gc
+    import weakref
+
     from speechctl.engine.engine import EngineConfig, SpeechEngine
 
     engine = SpeechEngine(tiny_checkpoint, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", kv_cache_bytes=1 << 26))
     view_ok = engine._vllm.collective_rpc(_check_view)
     assert view_ok == [True]
+    runner = vllm_compat.worker_runner(engine._vllm.model_executor.driver_worker)
+    kept, runner = runner.get_model().stream_runtime, weakref.ref(runner)  # as a compiled method's cache would
     engine.shutdown()
+    del engine
+    gc.collect()
+    assert runner() is None
+    assert kept.capacity > 0
 
 
 def _check_view(worker):

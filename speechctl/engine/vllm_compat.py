@@ -32,6 +32,7 @@ import inspect
 import logging
 import os
 import time
+import weakref
 from collections.abc import Mapping
 
 # The engine core runs in this process, so the driver reads the model's stream state directly
@@ -147,10 +148,12 @@ def check_independent_replica(llm_engine) -> None:
 
 
 class StepView:
-    """Read-only view of the V1 runner's buffers for the step being prepared."""
+    """Read-only view of the V1 runner's buffers for the step being prepared. It holds the runner
+    weakly: whatever outlives the engine while holding the runtime (torch.compile's code caches
+    guard on the compiled methods' ``self``) must not keep the runner, its KV cache and weights."""
 
     def __init__(self, runner):
-        self._runner = runner
+        self._runner = weakref.proxy(runner)
 
     def live(self) -> bool:
         return True
