@@ -119,3 +119,64 @@ def test_noise_and_settings_made_ahead_draw_what_the_sampler_draws():
         for s in range(K):  # one stream at a time, as the depth decoder samples codebooks
             one = sample_streams(logits[:, s : s + 1], t, k, p, seed, step, noise=noise[:, s : s + 1], rows=rows, **flags)
             assert torch.equal(one[:, 0], own[:, s]), (flags, s)
+
+
+def test_top_p_of_one_filters_nothing_whatever_the_batch():
+    """top_p 1 is off: a row draws the same with the nucleus step skipped (``any_top_p=False``)
+    and with it run because another row of the batch filters by top-p, even where the mass above
+    its tail tokens rounds to 1 (here token 0 holds all but e^-30 of it, and the noise favours
+    token 7 by more than that gap)."""
+    R, K, V = 4, 2, 50
+    logits = torch.zeros(R, K, V)
+    logits[:, :, 0] = 30.0
+    noise = torch.zeros(R, K, V)
+    noise[:, :, 7] = 40.0
+    temperature, top_k = torch.ones(R), torch.zeros(R, dtype=torch.int64)
+    seed = step = torch.zeros(R, dtype=torch.int64)
+    off = torch.ones(R)
+    skipped = sample_streams(logits, temperature, top_k, off, seed, step, any_top_p=False, noise=noise)
+    assert (skipped == 7).all()
+    mixed = off.clone()
+    mixed[0] = 0.5  # one row filters: the batch runs the nucleus step
+    beside = sample_streams(logits, temperature, top_k, mixed, seed, step, noise=noise)
+    assert torch.equal(beside[1:], skipped[1:])
+    assert (beside[0] == 0).all()  # token 0 alone holds more than half the mass
+
+
+def test_all_random_skips_the_greedy_pick_and_draws_the_same():
+    """``all_random`` (every row at temperature > 0, known on the host) leaves out the greedy
+    argmax and the choice between it and the draw: the same tokens, with and without filters."""
+    gen = torch.Generator().manual_seed(6)
+    R, K, V = 5, 3, 40
+    logits = torch.randn(R, K, V, generator=gen) * 2
+    temperature = torch.tensor([0.5, 1.0, 1.3, 0.9, 2.0])
+    top_k = torch.tensor([0, 5, 0, 12, 3])
+    top_p = torch.tensor([1.0, 1.0, 0.8, 0.9, 1.0])
+    seed, step = torch.randint(0, 2**40, (R,), generator=gen), torch.randint(0, 500, (R,), generator=gen)
+    for flags in ({"any_filter": False}, {"any_filter": True}, {"any_filter": True, "max_top_k": 12}):
+        k, p = (top_k, top_p) if flags["any_filter"] else (top_k * 0, top_p * 0 + 1)
+        mixed = sample_streams(logits, temperature, k, p, seed, step, **flags)
+        assert torch.equal(sample_streams(logits, temperature, k, p, seed, step, all_random=True, **flags), mixed)
+
+
+def test_runtime_sampling_flags_follow_the_live_requests():
+    """The host facts the runtime hands the sampler (and keys its graphs by) follow the live
+    requests' settings as they come and go; depth-decoder settings are counted apart."""
+    from speechctl.engine.params import Sampling, StreamParams
+    from speechctl.engine.state import StreamRuntime
+    from speechctl.models.csm_checkpoint import CsmRecipe, csm_config
+    from speechctl.models.families import csm_spec
+
+    runtime = StreamRuntime(csm_spec(csm_config(CsmRecipe()).to_dict()), max_rows=4, max_len=64, device=torch.device("cpu"))
+    flags = runtime._sampling_flags
+    assert flags() == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}
+    runtime._claim(StreamParams("a", 1, audio=Sampling(temperature=0.9, top_k=50), depth=Sampling(temperature=0.0)))
+    assert flags() == {"any_random": True, "all_random": True, "any_filter": True, "max_top_k": 50, "any_top_p": False}
+    assert flags(depth=True) == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0,
+                                 "any_top_p": False}
+    runtime._claim(StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))
+    assert flags() == {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+    runtime.release(["a"])
+    assert flags() == {"any_random": False, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+    runtime.release(["b"])
+    assert flags() == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}

@@ -235,11 +235,10 @@ def test_an_engine_built_later_leaves_earlier_engines_their_graphs():
 def test_custom_ops_have_their_cuda_kernel_method():
     """CSM's depth decoder calls the rotary embedding's and SiluAndMul's CUDA kernels directly on
     CUDA; its fused gate/up projection puts the gate first, as SiluAndMul reads it."""
-    from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
-    with set_current_vllm_config(VllmConfig()):
+    with vllm_compat.layers_outside_an_engine():  # also benchmarks/profile_csm_depth.py's way in
         rope = get_rope(32, max_position=64, is_neox_style=True)
         act = SiluAndMul()
     for op in (rope, act):

@@ -50,7 +50,7 @@ class RowSettings(NamedTuple):
     random: torch.Tensor  # [R, 1]: temperature > 0
     beyond_k: torch.Tensor | None  # [R, 1, n]: candidate rank >= the row's top-k (n candidates)
     not_first: torch.Tensor | None  # [n]: candidate rank > 0
-    top_p: torch.Tensor  # [R, 1, 1]
+    top_p: torch.Tensor  # [R, 1, 1]; inf where off
 
 
 def row_settings(temperature, top_k, top_p, vocab: int, any_filter: bool = True, max_top_k: int = 0) -> RowSettings:
@@ -62,6 +62,9 @@ def row_settings(temperature, top_k, top_p, vocab: int, any_filter: bool = True,
         rank = torch.arange(n, device=temperature.device)
         beyond_k = rank >= torch.where(top_k > 0, top_k, vocab)[:, None, None]
         not_first = rank > 0
+    # top_p 1 masks nothing, not even where the mass above a tail token rounds up to 1: a row's
+    # draw must not depend on whether another row of the batch filters by top-p
+    top_p = torch.where(top_p < 1, top_p, float("inf"))
     return RowSettings(temperature.clamp(min=1e-5)[:, None, None], temperature[:, None] > 0, beyond_k, not_first,
                        top_p[:, None, None])
 
@@ -75,8 +78,10 @@ def sample_streams(
     step: torch.Tensor,
     *,
     any_random: bool = True,
+    all_random: bool = False,
     any_filter: bool = True,
     max_top_k: int = 0,
+    any_top_p: bool = True,
     noise: torch.Tensor | None = None,
     rows: RowSettings | None = None,
 ) -> torch.Tensor:
@@ -85,14 +90,15 @@ def sample_streams(
     logits: [R, K, V] float32, already masked (-inf) where a token is not allowed.
     temperature, top_p: [R] float32 (temperature 0 = greedy; top_p 1 = off); top_k: [R] int64
     (0 = off); seed, step: [R] int64. The keyword flags let the caller skip work it knows no row
-    needs (decided on the host from request settings, never by a device sync). ``noise``
+    needs (decided on the host from request settings, never by a device sync): ``all_random``
+    (every temperature > 0: no greedy pick to compute). ``noise``
     [R, K, V]: the rows' ``gumbel_noise``, when the caller has it already; ``rows``: the
     settings' ``row_settings`` (same flags), when the caller has them already. ``any_random``
     (some temperature > 0), ``any_filter`` (some top-k/top-p), ``max_top_k`` (> 0 when every
     filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
-    full sort). Returns [R, K] int64.
+    full sort), ``any_top_p`` (some top_p < 1: else the nucleus step is skipped). Returns [R, K] int64.
     """
-    greedy = logits.argmax(dim=-1)
+    greedy = None if all_random else logits.argmax(dim=-1)
     if not any_random:
         return greedy
     V = logits.shape[-1]
@@ -102,16 +108,41 @@ def sample_streams(
     if not any_filter:
         ids = torch.arange(V, device=logits.device).expand(scaled.shape)
         sampled = (scaled + (gumbel_at(seed, step, ids) if noise is None else noise)).argmax(dim=-1)
-        return torch.where(rows.random, sampled, greedy)
+        return sampled if all_random else torch.where(rows.random, sampled, greedy)
     n = rows.beyond_k.shape[-1]
     if n < V:
         cand, ids = scaled.topk(n, dim=-1)  # sorted, descending
     else:
         cand, ids = scaled.sort(dim=-1, descending=True)
     cand = cand.masked_fill(rows.beyond_k, float("-inf"))
-    probs = cand.softmax(dim=-1)
-    above = probs.cumsum(dim=-1) - probs  # mass strictly above this token
-    cand = cand.masked_fill((above >= rows.top_p) & rows.not_first, float("-inf"))
+    if any_top_p:
+        probs = cand.softmax(dim=-1)
+        above = probs.cumsum(dim=-1) - probs  # mass strictly above this token
+        cand = cand.masked_fill((above >= rows.top_p) & rows.not_first, float("-inf"))
     pick = (cand + (gumbel_at(seed, step, ids) if noise is None else noise.gather(-1, ids))).argmax(dim=-1, keepdim=True)
     sampled = ids.gather(-1, pick)[..., 0]
-    return torch.where(rows.random, sampled, greedy)
+    return sampled if all_random else torch.where(rows.random, sampled, greedy)
+
+
+def frame_sampler(temperature, top_k, top_p, seed, step, streams: range, *, any_random: bool = True,
+                  any_filter: bool = True, max_top_k: int = 0, **flags):
+    """``sample(logits [R, V], stream) -> [R]`` for codebooks ``streams`` sampled one after another
+    within a step (a depth decoder), with the rows' settings and keys and the host's ``flags``
+    (``any_random``, ...) as in ``sample_streams``.
+    The noise of every code of ``streams`` and the rows' derived settings are made at the first
+    codebook: one batch of kernels per frame instead of one per codebook (the per-codebook work
+    is launch-bound: a few rows, ~2k codes)."""
+    frame = {}
+
+    @torch.profiler.record_function("speechctl.sample_codebook")
+    def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
+        if any_random and not frame:
+            vocab = logits.shape[-1]
+            frame["noise"] = gumbel_noise(seed, step, len(streams), vocab, streams.start)
+            frame["rows"] = row_settings(temperature, top_k, top_p, vocab, any_filter, max_top_k)
+        i = stream - streams.start
+        return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seed, step,
+                              noise=frame["noise"][:, i : i + 1] if frame else None, rows=frame.get("rows"),
+                              any_random=any_random, any_filter=any_filter, max_top_k=max_top_k, **flags)[:, 0]
+
+    return sample

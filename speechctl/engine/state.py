@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
-from speechctl.engine.sampling import gumbel_noise, row_settings, sample_streams
+from speechctl.engine.sampling import frame_sampler, sample_streams
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -121,6 +121,7 @@ class StreamRuntime:
         self.num_depth_random = 0  # live slots sampling depth-decoded codebooks at temperature > 0
         # top-k of the live slots that filter (top-k / top-p): audio, depth-decoded codebooks
         self._top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}
+        self._top_ps: dict[bool, int] = {False: 0, True: 0}  # rows with top_p < 1
 
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = torch.compile(self._input_step, dynamic=True)
@@ -182,6 +183,7 @@ class StreamRuntime:
         for deep, sampling in ((False, params.audio), (True, depth)):
             if sampling.filters:
                 self._top_ks[deep][sampling.top_k] += sign
+            self._top_ps[deep] += sign * (sampling.top_p < 1)
         if params.partner is not None:
             self.num_paired += sign
             self.num_cfg_filter += sign * (params.guidance.top_k > 0)
@@ -248,11 +250,16 @@ class StreamRuntime:
         t = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
         return t.pin_memory() if self.device.type == "cuda" else t
 
-    def _filtering(self, depth: bool = False) -> tuple[bool, int]:
-        """(whether a live slot filters its audio (``depth``: depth-decoded) codebooks, the largest
-        top-k among those slots; 0 if one filters by top-p alone: then candidates need a full sort)."""
+    def _sampling_flags(self, depth: bool = False) -> dict:
+        """Host facts about the live slots' audio sampling settings (``depth``: their depth
+        decoder's) that let ``sample_streams`` skip work no row needs: whether some / every slot
+        samples at temperature > 0, whether some filters, the largest top-k among those (0 if one
+        filters by top-p alone: then candidates need a full sort), whether some filters by top-p.
+        Part of every graph key."""
+        random = self.num_depth_random if depth else self.num_random
         ks = [k for k, n in self._top_ks[depth].items() if n > 0]
-        return bool(ks), 0 if not ks or 0 in ks else max(ks)
+        return {"any_random": random > 0, "all_random": 0 < random == len(self.slots), "any_filter": bool(ks),
+                "max_top_k": 0 if not ks or 0 in ks else max(ks), "any_top_p": self._top_ps[depth] > 0}
 
     def state_digest(self) -> str:
         """A hash of the whole stream state (every slot, stale ones included): equal on every
@@ -371,8 +378,8 @@ class StreamRuntime:
             )
         if tokens is not None and self.num_paired:
             raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
-        flags = (self.num_random > 0, *self._filtering(), self.num_paired > 0)
-        return self._sample_step(logits, aux_logits, tokens, step.row_slots, step.last_pos, *flags)
+        return self._sample_step(logits, aux_logits, tokens, step.row_slots, step.last_pos, self.num_paired > 0,
+                                 **self._sampling_flags())
 
     def graphed_logits(self, heads, hidden_states: torch.Tensor) -> torch.Tensor:
         """The body of a model's ``compute_logits``: ``heads(hidden_states)`` runs the output
@@ -397,13 +404,11 @@ class StreamRuntime:
     def _graph_key(self) -> tuple:
         """Every host-side fact that changes which kernels the step runs."""
         return (
-            self.num_random > 0,
-            *self._filtering(),
+            *self._sampling_flags().values(),
             self.num_paired > 0,
             self.num_cfg_filter > 0,
             self.num_text_random > 0,
-            self.num_depth_random > 0,
-            *self._filtering(depth=True),
+            *self._sampling_flags(depth=True).values(),
         )
 
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
@@ -425,36 +430,15 @@ class StreamRuntime:
         g_next = step.last_pos + 1 - self.prompt_len[slots]
         if depth:
             settings = (self.depth_temperature, self.depth_top_k, self.depth_top_p)
-            any_random = self.num_depth_random > 0
         else:
             settings = (self.temperature, self.top_k, self.top_p)
-            any_random = self.num_random > 0
-        # candidates from one topk of the largest top-k instead of a full sort of the vocabulary
-        any_filter, max_top_k = self._filtering(depth)
-        flags = {"any_random": any_random, "any_filter": any_filter, "max_top_k": max_top_k}
         temperature, top_k, top_p = (x[slots] for x in settings)
-        seeds = self.seed[slots]
-        # the noise of every code of ``streams`` and the rows' settings, made at the first
-        # codebook: one batch of kernels per frame instead of one per codebook (the per-codebook
-        # work is launch-bound: a few rows, ~2k codes)
-        frame = {}
+        return frame_sampler(temperature, top_k, top_p, self.seed[slots], g_next, streams,
+                             **self._sampling_flags(depth))
 
-        @torch.profiler.record_function("speechctl.sample_codebook")
-        def sample(logits: torch.Tensor, stream: int) -> torch.Tensor:
-            if any_random and not frame:
-                vocab = logits.shape[-1]
-                frame["noise"] = gumbel_noise(seeds, g_next, len(streams), vocab, streams.start)
-                frame["rows"] = row_settings(temperature, top_k, top_p, vocab, any_filter, max_top_k)
-            i = stream - streams.start
-            return sample_streams(logits.float()[:, None, :], temperature, top_k, top_p, seeds, g_next,
-                                  noise=frame["noise"][:, i : i + 1] if frame else None, rows=frame.get("rows"),
-                                  **flags)[:, 0]
-
-        return sample
-
-    def _sample_step(self, logits, aux_logits, given, slots, last_pos, any_random, any_filter, max_top_k, paired):
-        """The per-step sampling work as one function of tensors (host facts as arguments), so
-        that on CUDA it compiles into a few fused kernels."""
+    def _sample_step(self, logits, aux_logits, given, slots, last_pos, paired, **flags):
+        """The per-step sampling work as one function of tensors (host facts as arguments:
+        ``paired``, the ``_sampling_flags``), so that on CUDA it compiles into a few fused kernels."""
         pat, spec = self.pattern, self.spec
         g_next = last_pos + 1 - self.prompt_len[slots]  # generated index being sampled
         real = (g_next >= 0) & (g_next == self.n_gen[slots])  # not a partial prefill or replay
@@ -495,9 +479,7 @@ class StreamRuntime:
                 self.top_p[slots],
                 self.seed[slots],
                 g_next,
-                any_random=any_random,
-                any_filter=any_filter,
-                max_top_k=max_top_k,
+                **flags,
             )
             if pairing is not None:
                 tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens

@@ -119,6 +119,14 @@ def kernel_on_cuda(op, x):
     return op.forward_cuda if x.is_cuda else op
 
 
+def layers_outside_an_engine():
+    """A context in which vLLM's layers (``CustomOp``s: RMSNorm, rotary embedding, ...) can be
+    built outside an engine, with vLLM's default config: for benchmarks of one module alone."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    return set_current_vllm_config(VllmConfig())
+
+
 def offline_engine(engine_args):
     """vLLM's ``LLMEngine`` for ``engine_args``, with the defaults of vLLM's offline ``LLM`` class
     (usage context ``LLM_CLASS``). ``from_engine_args`` alone assumes ``ENGINE_CONTEXT``, whose
