@@ -20,11 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from speechctl.accelerator import has_cuda
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.params import (
+    DEFAULT_AUDIO,
+    DEFAULT_TEXT,
+    GREEDY,
+    NO_GUIDANCE,
+    Guidance,
+    Sampling,
+)
 from speechctl.errors import EngineError, InputError, SpeechctlError
 
-DEFAULT_TEXT = Sampling(temperature=0.0)
-DEFAULT_AUDIO = Sampling(temperature=0.9, top_k=50)
 ENCODE_CHUNK = 16  # audio inputs encoded per codec call
 
 

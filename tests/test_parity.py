@@ -227,9 +227,12 @@ def test_generated_blocks_stay_out_of_the_prefix_cache(tiny_checkpoint):
 
 
 def test_compiled_step_equals_reference(tiny_checkpoint, reference, monkeypatch):
-    """The per-step work compiled with torch.compile (SPEECHCTL_COMPILE=1) computes the same."""
+    """The per-step work compiled with torch.compile (SPEECHCTL_COMPILE=1) computes the same,
+    after the start-up warm-up that compiles it has left the engine empty."""
     monkeypatch.setenv("SPEECHCTL_COMPILE", "1")
     engine = make_engine(tiny_checkpoint)
+    assert not engine.has_work() and engine.scheduler_requests() == 0
+    assert engine.stats()["live"] == 0
     engine.name = "compiled"
     reqs = mixed_requests(engine, np.random.default_rng(2))[::2]
     outs = {o.tag: o for o in engine.generate(reqs)}

@@ -22,8 +22,8 @@ import numpy as np
 
 from speechctl.accelerator import has_cuda
 from speechctl.engine import vllm_compat
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling, StreamParams
-from speechctl.engine.state import slot_capacity
+from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, NO_GUIDANCE, Guidance, Sampling, StreamParams
+from speechctl.engine.state import compile_per_step_work, slot_capacity
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import EngineError
 
@@ -179,6 +179,22 @@ class SpeechEngine:
         self._emitted: dict[str, int] = {}  # streamed requests: tokens reported so far
         self._queue: deque[StreamRequest] = deque()
         self._done: list[StreamOutput] = []
+        if compile_per_step_work():
+            self.warm_up()
+
+    def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
+        """Decode a two-frame request alone, then two at once, and drop them: what compiles on
+        first use (``SPEECHCTL_COMPILE=1``: the runtime's per-step functions, where one row and
+        more rows are separate compiles, for these sampling settings) compiles at start-up
+        instead of in the first requests' steps."""
+        from speechctl.models.families import family_of, read_model_config
+
+        prompts = family_of(read_model_config(self.model_dir)).prompt_builder(self.spec, self.tokenizer)
+        for count in (1, 2):
+            for seed in range(count):
+                self.submit(prompts.tts("Warm up.", audio_sampling=audio_sampling, seed=seed, max_frames=2))
+            while self.has_work():
+                self.step()
 
     @property
     def tokenizer(self):

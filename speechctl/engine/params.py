@@ -30,6 +30,8 @@ class Sampling:
 
 
 GREEDY = Sampling(temperature=0.0)
+DEFAULT_TEXT = GREEDY  # speechctl's defaults (speechctl.api, the CLI)
+DEFAULT_AUDIO = Sampling(temperature=0.9, top_k=50)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ NEVER = 1 << 40  # "no such step yet" for step-valued state
 
 def compile_per_step_work() -> bool:
     """torch.compile the per-step work (SPEECHCTL_COMPILE=1): the runtime's input and sampling
-    steps, CSM's depth decoder. Off by default until its GPU speed is measured with proper
-    warm-up: batch size 1 is a separate compile (~15 s on the first step), see
-    docs/benchmarks/cfg.md."""
+    steps, CSM's depth decoder. Faster on the H200 (docs/benchmarks/throughput.md) but off by
+    default until its start-up cost is measured: ``SpeechEngine.warm_up`` compiles it at start-up
+    (batch size 1 and larger ones are separate compiles, ~15 s each, docs/benchmarks/cfg.md)."""
     return os.environ.get("SPEECHCTL_COMPILE") == "1"
 
 
