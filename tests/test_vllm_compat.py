@@ -246,3 +246,25 @@ def test_custom_ops_have_their_cuda_kernel_method():
         assert vllm_compat.kernel_on_cuda(op, torch.zeros(2, 32)) is op  # the CPU keeps vLLM's own dispatch
     gate_up = torch.randn(3, 16)
     torch.testing.assert_close(act.forward_native(gate_up), torch.nn.functional.silu(gate_up[:, :8]) * gate_up[:, 8:])
+
+
+def test_stream_params_ride_in_extra_args_as_one_object():
+    """A request's StreamParams go into vLLM's ``extra_args`` as the frozen object itself: vLLM
+    checks it (0.32 walks extra_args for integers), copies it per request (``clone``: the same
+    object, no deep copy), pickles it to workers of other processes, and the runtime and the pair
+    scheduler read it back."""
+    import pickle
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+
+    from speechctl.engine.params import Sampling, StreamParams
+
+    params = StreamParams(key="r1", seed=7, audio=Sampling(temperature=0.9, top_k=50), partner="r1u")
+    sampling = SamplingParams(max_tokens=4, extra_args=params.to_extra_args())
+    assert StreamParams.from_extra_args(sampling.clone().extra_args) is params
+    assert StreamParams.from_extra_args(pickle.loads(pickle.dumps(sampling)).extra_args) == params
+    request = SimpleNamespace(sampling_params=sampling)
+    assert vllm_compat._pair_key(request) == ("r1", "r1u")
+    with pytest.raises(ValueError, match="lacks speechctl stream parameters"):
+        StreamParams.from_extra_args({"speechctl": {"key": "r1"}})

@@ -279,9 +279,11 @@ class CodesDummyHooks:
 
 
 def _pair_key(request) -> tuple[str | None, str | None]:
+    from speechctl.engine.params import EXTRA_ARGS_KEY
+
     args = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
-    params = args.get("speechctl") or {}
-    return params.get("key"), params.get("partner")
+    params = args.get(EXTRA_ARGS_KEY)
+    return (params.key, params.partner) if params is not None else (None, None)
 
 
 class PairScheduling:
