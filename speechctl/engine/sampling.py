@@ -98,9 +98,9 @@ def sample_streams(
     filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
     full sort), ``any_top_p`` (some top_p < 1: else the nucleus step is skipped). Returns [R, K] int64.
     """
-    greedy = None if all_random else logits.argmax(dim=-1)
     if not any_random:
-        return greedy
+        return logits.argmax(dim=-1)
+    greedy = None if all_random else logits.argmax(dim=-1)
     V = logits.shape[-1]
     if rows is None:
         rows = row_settings(temperature, top_k, top_p, V, any_filter, max_top_k)
