@@ -111,7 +111,8 @@ def test_a_kv_budget_in_bytes_asks_vllm_for_that_share_of_the_gpu(monkeypatch):
 
 @pytest.mark.engine
 def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
-    """...and the runtime, if something keeps it after the engine is gone, keeps no runner."""
+    """...and a shut-down engine is freed: even when its runner sits in a cycle that vLLM froze
+    (``collect_dropped_engines``), and the runtime, if something keeps it, keeps no runner."""
     import gc
     import weakref
 
@@ -121,12 +122,23 @@ def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
     view_ok = engine._vllm.collective_rpc(_check_view)
     assert view_ok == [True]
     runner = vllm_compat.worker_runner(engine._vllm.model_executor.driver_worker)
+    # As on vLLM 0.26 with CUDA: the runner sits in reference cycles (its graph wrappers) that
+    # vLLM froze at start-up, and no finalizer thaws the heap when the engine goes (0.32 has one).
+    runner.speechctl_test_cycle = runner
+    gc.freeze()
+    finalizer = getattr(engine._vllm.engine_core, "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
     kept, runner = runner.get_model().stream_runtime, weakref.ref(runner)  # as a compiled method's cache would
     engine.shutdown()
     del engine
     gc.collect()
     assert runner() is None
     assert kept.capacity > 0
+    if finalizer is not None:  # the rest of what the detached finalizer does (EngineCore.shutdown)
+        from vllm.distributed import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
 
 
 def _check_view(worker):
@@ -199,6 +211,13 @@ def test_kv_cache_manager_hands_out_held_blocks():
 
     assert "blocks" in KVCacheBlocks.__dataclass_fields__
     assert "self.coordinator.get_blocks(request_id)" in inspect.getsource(KVCacheManager.get_blocks)
+
+
+def test_vllm_freezes_the_gc_heap_at_engine_start():
+    """collect_dropped_engines thaws the heap that vLLM freezes once an engine has started."""
+    from vllm.v1.engine.core import EngineCore
+
+    assert "freeze_gc_heap()" in inspect.getsource(EngineCore.__init__)
 
 
 def test_vllm_env_cache_can_be_cleared():

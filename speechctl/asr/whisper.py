@@ -253,4 +253,7 @@ class WhisperAsr:
         if llm is not None:
             self._llm = self._engine = None
             del llm
+            from speechctl.engine import vllm_compat
+
+            vllm_compat.collect_dropped_engines()
 

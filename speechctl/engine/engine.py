@@ -437,6 +437,7 @@ class SpeechEngine:
         if engine is not None:
             self._vllm = None
             del engine
+            vllm_compat.collect_dropped_engines()
 
 
 def _prompt(prompt_ids: list[int], audio_items: list) -> dict:

@@ -14,6 +14,8 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 * ``check_independent_replica``: an engine is never in a vLLM data-parallel group (whose ranks
   step in lock-step); data parallelism runs independent replicas (``engine/data_parallel.py``).
 * ``offline_engine``: an ``LLMEngine`` with the offline ``LLM`` class's defaults (usage context).
+* ``collect_dropped_engines``: the garbage collector's heap, which vLLM freezes once an engine
+  has started, thawed so that an engine dropped later is freed.
 * ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
   CUDA graphs (``CUDAGraphWrapper.clear_all_graphs``); the earlier engines get theirs back.
 * ``kernel_on_cuda``: a custom op's CUDA kernel, called from code outside vLLM's compiled forward.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import logging
 import os
@@ -138,6 +141,26 @@ def offline_engine(engine_args):
 
     with other_engines_keep_their_graphs():
         return LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
+
+
+def collect_dropped_engines() -> None:
+    """Free the engines this process has dropped. vLLM freezes the garbage collector's heap once
+    an engine has started (``freeze_gc_heap`` in ``EngineCore.__init__``, 0.26 and 0.32): frozen
+    objects are never collected, so the reference cycles of an engine dropped later (on CUDA its
+    graph wrappers and the runner, with the weights and the KV cache) stay, and the next engine
+    finds the GPU full (seen on the H200: 121.5 GiB held after a test module's engines were
+    dropped). vLLM's own ``EngineCore.shutdown`` unfreezes but also tears down the process's
+    distributed state, which other live engines (the chat pipeline's) still use. Thaw, collect,
+    and freeze again what survives, as vLLM intends for the live engines."""
+    import torch
+
+    was_frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    gc.collect()
+    if was_frozen:
+        gc.freeze()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # give the freed memory back to other processes too
 
 
 def check_independent_replica(llm_engine) -> None:
