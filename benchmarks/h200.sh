@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything speechctl measures on the H200, vLLM 0.26 bundle staged (docs/gpu.md). One stage per
 # call so that each fits the device tool's 10-minute limit:
-#   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on)
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on, per-step work compiled)
+#     (with compile, each engine start compiles: the seven suites take ~10 min, so run them as two
+#      calls, `tests-engine` then `tests-families`; SPEECHCTL_COMPILE=0 for the uncompiled path)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM (two processes), graphs on/off, codec: ~5.5 min
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
@@ -24,11 +26,15 @@ source "$(dirname "$0")/plugin_entry_point.sh"
 if [ -n "${WHISPER_PACKAGE:-}" ]; then export PYTHONPATH=$WHISPER_PACKAGE:$PYTHONPATH; fi
 for stage in "$@"; do
   case "$stage" in
-    tests)
+    tests|tests-engine|tests-families)
+      case "$stage" in
+        tests-engine) TESTS=${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py tests/test_parity.py tests/test_cfg.py} ;;
+        tests-families) TESTS=${TESTS:-tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} ;;
+      esac
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       # TESTS / TESTS_K: a subset (e.g. one half per GPU of a two-GPU machine)
-      timeout "${TESTS_TIMEOUT:-420}" python3 -m pytest -q -p no:cacheprovider -rfEs ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
+      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
         tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"
@@ -64,8 +70,8 @@ for stage in "$@"; do
       timeout "${TURN_TIMEOUT:-300}" python3 -m speechctl.cli bench --stream --shape llama-1b --concurrency 1 --frames 128 \
         --repeats 3 --out "$OUT/stream-turn-llama-1b.json" 2> "$OUT/turn.log" | tail -30
       ;;
-    compiled)  # SPEECHCTL_COMPILE=1: the per-step functions compiled (fused) inside the per-step graphs;
-      # compare with the graphs row of a `throughput` stage run just before it
+    compiled)  # SPEECHCTL_COMPILE=1 (the CUDA default since the seventh session): the per-step functions
+      # compiled (fused) inside the per-step graphs; compare with a `SPEECHCTL_COMPILE=0 ... throughput` run
       SPEECHCTL_COMPILE=1 timeout "${COMP_TIMEOUT:-400}" python3 -m speechctl.cli bench --shape higgs-3b \
         --concurrency "${TP_CONC:-1,16,64,256}" --frames 256 --repeats "${REPEATS:-2}" --no-plain --no-eager \
         --codec-requests 0 --out "$OUT/throughput-compiled-higgs-3b.json" 2> "$OUT/compiled.log" | tail -3

@@ -240,6 +240,28 @@ def test_compiled_step_equals_reference(tiny_checkpoint, reference, monkeypatch)
     engine.shutdown()
 
 
+def test_per_step_work_compiles_by_default_on_cuda_only(monkeypatch):
+    """Compiled on CUDA, eager on the CPU (compiling would dominate a short CPU run); the
+    environment overrides either way, and a value it does not know is an error that names it."""
+    import torch
+
+    from speechctl.engine.state import compile_per_step_work
+    from speechctl.errors import EngineError
+
+    monkeypatch.delenv("SPEECHCTL_COMPILE", raising=False)
+    for cuda in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert compile_per_step_work() is cuda
+        monkeypatch.setenv("SPEECHCTL_COMPILE", "0")
+        assert compile_per_step_work() is False
+        monkeypatch.setenv("SPEECHCTL_COMPILE", "1")
+        assert compile_per_step_work() is True
+        monkeypatch.delenv("SPEECHCTL_COMPILE")
+    monkeypatch.setenv("SPEECHCTL_COMPILE", "yes")
+    with pytest.raises(EngineError, match="SPEECHCTL_COMPILE='yes'"):
+        compile_per_step_work()
+
+
 def test_streamed_pieces_add_up_to_the_whole_output(engine):
     """A ``stream`` request reports its new tokens (all streams) every step; the pieces
     concatenate to exactly what the same request returns in one piece."""

@@ -22,6 +22,9 @@ def environment() -> dict:
     else:
         env["device"] = platform.processor() or "cpu"
     env["host"] = host_probe()
+    from speechctl.engine.state import compile_per_step_work
+
+    env["per_step_work_compiled"] = compile_per_step_work()
     return env
 
 

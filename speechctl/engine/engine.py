@@ -166,6 +166,7 @@ class SpeechEngine:
             **self.config.engine_args(str(self.model_dir)),
             **_family_overrides(self.model_dir),
         )
+        compiled = compile_per_step_work()  # checks SPEECHCTL_COMPILE before vLLM starts
         self._vllm = vllm_compat.offline_engine(args)
         vllm_compat.check_independent_replica(self._vllm)  # no DP lock-step: step only with work
         capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
@@ -179,12 +180,12 @@ class SpeechEngine:
         self._emitted: dict[str, int] = {}  # streamed requests: tokens reported so far
         self._queue: deque[StreamRequest] = deque()
         self._done: list[StreamOutput] = []
-        if compile_per_step_work():
+        if compiled:
             self.warm_up()
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
         """Decode a two-frame request alone, then two at once, and drop them: what compiles on
-        first use (``SPEECHCTL_COMPILE=1``: the runtime's per-step functions, where one row and
+        first use (``compile_per_step_work``: the runtime's per-step functions, where one row and
         more rows are separate compiles, for these sampling settings) compiles at start-up
         instead of in the first requests' steps."""
         from speechctl.models.families import family_of, read_model_config
