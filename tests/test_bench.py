@@ -52,3 +52,19 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
         ("speechctl", 1), ("speechctl", 2), ("transformers", 1), ("transformers", 2)]
     assert seen == [1, 2, 3, 4]  # written after every row
     assert all(r["frames_per_s"] > 0 for r in result["rows"])
+
+
+def test_bench_results_name_the_command_that_made_them():
+    """The JSON's ``command`` spells every option out, defaults too, so the run can be repeated."""
+    import shlex
+
+    from speechctl.cli.bench import command, command_line
+
+    ctx = command.make_context("bench", ["--shape", "higgs-3b", "--concurrency", "1,64", "--no-eager", "--out", "r.json"])
+    words = shlex.split(command_line(ctx))
+    assert words[:2] == ["speechctl", "bench"]
+    assert words[words.index("--shape") + 1] == "higgs-3b" and words[words.index("--concurrency") + 1] == "1,64"
+    assert words[words.index("--frames") + 1] == "64"  # a default, written out
+    assert "--no-eager" in words and "--cfg" not in words and "--no-plain" not in words
+    again = command.make_context("bench", words[2:])
+    assert again.params == ctx.params

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -184,12 +186,14 @@ def main(argv=None) -> None:
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    command = shlex.join(["python3", "-m", "speechctl.bench.families", *(sys.argv[1:] if argv is None else argv)])
+
     def write(result: dict) -> None:
         if args.out:
             from speechctl.audio import write_json_atomic
 
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(args.out, result)
+            write_json_atomic(args.out, {"command": command, **result})
 
     result = run_family_bench(
         args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,

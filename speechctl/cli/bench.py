@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
@@ -41,6 +42,12 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
     from speechctl.errors import InputError
 
     quiet_libraries(verbose)
+    ctx = click.get_current_context()
+
+    def save(result: dict) -> None:  # every result names the exact command that made it
+        if out:
+            write_json_atomic(out, {"command": command_line(ctx), **result})
+
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else None
     if cfg and stream:
@@ -53,8 +60,7 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
             codec_requests=codec_requests, codec_config=_SMALL_DAC if shape == "tiny" else None, engine_overrides=overrides,
             log=lambda line: click.echo(line, err=True),
         )
-        if out:
-            write_json_atomic(out, result)
+        save(result)
         if plot:
             from speechctl.bench.throughput import plot_throughput
 
@@ -67,13 +73,23 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
         result = run_stream_bench(
             shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides, log=lambda line: click.echo(line, err=True)
         )
-        if out:
-            write_json_atomic(out, result)
+        save(result)
         click.echo(json.dumps({"tts": result["tts"], "turn": result["turn"]}, indent=2))
         return
     result = run_cfg_bench(shape, levels, frames, repeats, scale, engine_overrides=overrides, log=lambda line: click.echo(line, err=True))
-    if out:
-        write_json_atomic(out, result)
+    save(result)
     if plot:
         plot_cfg(result, plot)
     click.echo(json.dumps(result["results"], indent=2))
+
+
+def command_line(ctx: click.Context) -> str:
+    """The command as it ran, every option spelled out (defaults too): ``speechctl bench ...``."""
+    words = ["speechctl", ctx.info_name]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Option) and param.is_flag:
+            words += [param.opts[0]] if value else []
+        elif value is not None:
+            words += [param.opts[0], str(value)]
+    return shlex.join(words)
