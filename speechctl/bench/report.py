@@ -55,18 +55,21 @@ def host_probe(launches: int = 2000, iterations: int = 200_000) -> dict:
     return {"launch_us": round(launch * 1e6, 2), "python_loop_ns": round(loop * 1e9, 1)}
 
 
-def plot_rates_and_ratio(result: dict, path: str | Path, rates, rates_label: str, ratio) -> None:
+def plot_rates_and_ratio(result: dict, path: str | Path, rates, rates_label: str, ratio, *, rows=None, third=None) -> None:
     """Left: ``rates`` [(row key, style, label)] per concurrency, log-log, each where the rows
-    have it. Right: ``ratio`` (row key, x label, y label, [(y, line style, colour, label)]), if
-    the rows have it. Titled with the model shape, device and vLLM version (needs matplotlib)."""
+    have it. Middle: ``ratio`` (row key, x label, y label, [(y, line style, colour, label)]), if
+    the rows have it. ``third(axes, rows, concurrencies)`` draws a third panel. ``rows``: the
+    result's ``results`` unless given. Titled with the model shape, device and vLLM version
+    (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["results"]
+    rows = result["results"] if rows is None else rows
     c = [r["concurrency"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3 if third else 2, figsize=(15 if third else 10, 4))
+    left, right = axes[0], axes[1]
     for key, style, label in rates:
         if key in rows[0]:
             left.plot(c, [r[key] for r in rows], style, label=label)
@@ -74,11 +77,14 @@ def plot_rates_and_ratio(result: dict, path: str | Path, rates, rates_label: str
     left.legend()
     key, xlabel, ylabel, lines = ratio
     if key in rows[0]:
-        right.plot(c, [r[key] for r in rows], "o-")
+        values = [r[key] for r in rows]
+        right.plot(c, values, "o-")
         for y, style, colour, label in lines:
             right.axhline(y, ls=style, c=colour, label=label)
-        right.set(xscale="log", ylim=(0, 1.1), xlabel=xlabel, ylabel=ylabel)
+        right.set(xscale="log", ylim=(0, max(1.1, 1.1 * max(values))), xlabel=xlabel, ylabel=ylabel)
         right.legend()
+    if third:
+        third(axes[2], rows, c)
     m, env = result["model"], result["environment"]
     fig.suptitle(f"{m['shape']} ({m['layers']}L, {m['hidden']}h, {m['codebooks']} codebooks), {env['device']}, vLLM {env['vllm']}")
     fig.tight_layout()

@@ -253,3 +253,14 @@ def _turn_row(speech, repeats: int, first_chunk: int, reply_tokens: int, asr_mod
 
 def _median(values) -> float:
     return round(float(statistics.median(values)), 4)
+
+
+def plot_stream(result: dict, path: str | Path) -> None:
+    """Time to first audio per concurrency, streamed beside one-shot (whose first audio is the
+    whole request), and the streamed speed-up (needs matplotlib)."""
+    from speechctl.bench.report import plot_rates_and_ratio
+
+    rates = [("streaming_ttfa_s", "o-", "streamed: first audio (s)"), ("one_shot_ttfa_s", "s:", "one-shot: first audio (s)"),
+             ("streaming_last_s", "^--", "streamed: last audio (s)")]
+    ratio = ("ttfa_speedup", "concurrent requests", "one-shot TTFA ÷ streamed TTFA", [(1.0, ":", "k", "no gain")])
+    plot_rates_and_ratio(result, path, rates, "seconds", ratio, rows=result["tts"])

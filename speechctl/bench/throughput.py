@@ -192,4 +192,15 @@ def plot_throughput(result: dict, path) -> None:
     rates = [("plain_vllm_tokens_per_s", "k^--", "plain vLLM (tokens/s)")]
     rates += [(f"{mode}_frames_per_s", style, f"speechctl, step {mode} (frames/s)") for mode, style in (("graphs", "o-"), ("eager", "s:"))]
     ratio = ("overhead_ratio", "concurrent requests", "speechctl frames/s ÷ plain tokens/s", [(0.85, "--", "g", "goal 0.85")])
-    plot_rates_and_ratio(result, path, rates, "per second", ratio)
+    plot_rates_and_ratio(result, path, rates, "per second", ratio, third=_audio_rate_and_rtf)
+
+
+def _audio_rate_and_rtf(ax, rows, concurrencies) -> None:
+    """speechctl's audio seconds per second (left axis) and each request's real-time factor,
+    median over requests and repeats (right axis)."""
+    ax.plot(concurrencies, [r["graphs_audio_s_per_s"] for r in rows], "o-", label="audio-s/s")
+    ax.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="audio seconds per second")
+    rtf = ax.twinx()
+    rtf.plot(concurrencies, [r["graphs_rtf_median"] for r in rows], "s:", c="tab:red", label="per-request RTF (median)")
+    rtf.set(ylabel="per-request RTF (lower is faster)", ylim=(0, None))
+    ax.legend(handles=ax.get_lines() + rtf.get_lines(), loc="upper left")

@@ -74,6 +74,10 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
             shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides, log=lambda line: click.echo(line, err=True)
         )
         save(result)
+        if plot:
+            from speechctl.bench.stream import plot_stream
+
+            plot_stream(result, plot)
         click.echo(json.dumps({"tts": result["tts"], "turn": result["turn"]}, indent=2))
         return
     result = run_cfg_bench(shape, levels, frames, repeats, scale, engine_overrides=overrides, log=lambda line: click.echo(line, err=True))
