@@ -43,7 +43,8 @@ def compile_per_step_work() -> bool:
     decoder. On by default on CUDA, where it fuses launch-bound chains of small kernels (H200:
     CSM 1B 92 -> 102 frames/s at c=1; docs/benchmarks/throughput.md) for a longer start-up
     (``SpeechEngine.warm_up`` compiles there; CSM 1B 114 s vs 32 s with inductor's on-disk cache
-    cold); off on the CPU, where compiling would dominate a short run. ``SPEECHCTL_COMPILE=0`` / ``1`` overrides."""
+    cold); off on the CPU, where compiling would dominate a short run. ``SPEECHCTL_COMPILE=0``
+    / ``1`` overrides."""
     setting = os.environ.get("SPEECHCTL_COMPILE", "")
     if setting not in ("", "0", "1"):
         raise EngineError(f"SPEECHCTL_COMPILE={setting!r}: use 1 (compile the per-step work) or 0 (do not)")
