@@ -82,7 +82,7 @@ def run_throughput_bench(
                 row["graphs_speedup"] = round(row["graphs_frames_per_s"] / row["eager_frames_per_s"], 2)
             log(f"c={count:4d} " + "  ".join(f"{k}={v}" for k, v in row.items() if k.endswith(("frames_per_s", "speedup"))))
             rows.append(row)
-        startup = bench.startup_s
+        startup, warm_up = bench.startup_s, bench.warm_up_s
     main_mode = "graphs" if graphs else "eager"
     if bases:
         for i, row in enumerate(rows):
@@ -102,6 +102,7 @@ def run_throughput_bench(
         "prompt_tokens": prompt_len,
         "repeats": repeats,
         "engine_startup_s": startup,
+        "engine_warm_up_s": warm_up,  # of which compiling the per-step work
         "environment": environment(),
         "plain_environments": [base["environment"] for base in bases],
         "results": rows,
@@ -197,10 +198,11 @@ def plot_throughput(result: dict, path) -> None:
 
 def _audio_rate_and_rtf(ax, rows, concurrencies) -> None:
     """speechctl's audio seconds per second (left axis) and each request's real-time factor,
-    median over requests and repeats (right axis)."""
-    ax.plot(concurrencies, [r["graphs_audio_s_per_s"] for r in rows], "o-", label="audio-s/s")
+    median over requests and repeats (right axis); with per-step graphs where it ran them."""
+    mode = "graphs" if "graphs_audio_s_per_s" in rows[0] else "eager"
+    ax.plot(concurrencies, [r[f"{mode}_audio_s_per_s"] for r in rows], "o-", label="audio-s/s")
     ax.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="audio seconds per second")
     rtf = ax.twinx()
-    rtf.plot(concurrencies, [r["graphs_rtf_median"] for r in rows], "s:", c="tab:red", label="per-request RTF (median)")
+    rtf.plot(concurrencies, [r[f"{mode}_rtf_median"] for r in rows], "s:", c="tab:red", label="per-request RTF (median)")
     rtf.set(ylabel="per-request RTF (lower is faster)", ylim=(0, None))
     ax.legend(handles=ax.get_lines() + rtf.get_lines(), loc="upper left")
