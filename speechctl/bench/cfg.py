@@ -53,6 +53,7 @@ def run_cfg_bench(
         "cfg_scale": scale,
         "repeats": repeats,
         "engine_startup_s": bench.startup_s,
+        "engine_warm_up_s": bench.warm_up_s,  # of which compiling the per-step work
         "pair_violations": stats["pair_violations"],
         "environment": environment(),
         "results": rows,
@@ -84,6 +85,7 @@ class ShapeEngine:
         started = time.perf_counter()
         self.engine = SpeechEngine(self.path, config)
         self.startup_s = round(time.perf_counter() - started, 1)
+        self.warm_up_s = self.engine.warm_up_s
         self.prompts = MultiStreamPrompts(self.engine.spec, self.engine.tokenizer)
         return self
 

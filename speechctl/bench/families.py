@@ -109,6 +109,7 @@ def run_family_bench(
             "frames_per_request": frames,
             "config": read_model_config(path),
             "startup_s": round(startup, 1),
+            "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
             "rows": rows,
             "environment": environment(),
         }

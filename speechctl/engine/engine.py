@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -180,8 +181,12 @@ class SpeechEngine:
         self._emitted: dict[str, int] = {}  # streamed requests: tokens reported so far
         self._queue: deque[StreamRequest] = deque()
         self._done: list[StreamOutput] = []
+        self.warm_up_s: float | None = None  # start-up's share spent compiling the per-step work
         if compiled:
+            started = time.perf_counter()
             self.warm_up()
+            self.warm_up_s = round(time.perf_counter() - started, 1)
+            log.info("warm-up (compiling the per-step work) took %.1f s", self.warm_up_s)
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
         """Decode a two-frame request alone, then two at once, and drop them: what compiles on
