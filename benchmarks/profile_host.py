@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--cfg", action="store_true")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--top", type=int, default=0, help="also list speechctl's N costliest functions (own time)")
     args = ap.parse_args()
     guidance = Guidance(scale=3.0) if args.cfg else Guidance()
     with ShapeEngine(args.shape, max_num_seqs=2 * args.concurrency, frames=64) as bench:
@@ -63,6 +64,10 @@ def main() -> None:
           f"{step_ms:.1f} ms per step under cProfile")
     for label, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {label:32s} {seconds / args.steps * 1e3:7.2f} ms/step")
+    ours = sorted(((tottime, calls, f"{path.split('speechctl/', 1)[-1]}:{line} {name}")
+                   for (path, line, name), (calls, _, tottime, _, _) in stats.items() if "speechctl/" in path), reverse=True)
+    for tottime, calls, where in ours[:args.top]:
+        print(f"    {tottime / args.steps * 1e3:6.3f} ms/step  {calls / args.steps:7.1f} calls/step  {where}")
 
 
 if __name__ == "__main__":
