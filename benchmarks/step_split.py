@@ -208,7 +208,7 @@ def main() -> None:
         (out / f"host-{args.system}-{key}.txt").write_text(text.getvalue())
     name = f"step-{args.system}-{args.shape}" + (f"-tokens{args.max_num_batched_tokens}" if overrides else "")
     (out / f"{name}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "engine_overrides": overrides,
-                                                 "environment": environment(), "rows": rows, "timelines": timelines}, indent=1))
+                                                 "environment": environment(speechctl=args.system == "speechctl"), "rows": rows, "timelines": timelines}, indent=1))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec()
     # each process's host speed beside the results (the plain baseline runs in its own process)
     for env in (result["environment"], *result["plain_environments"]):
         assert env["host"]["launch_us"] > 0 and env["host"]["python_loop_ns"] > 0
+    # and how speechctl's engines ran (uncompiled on the CPU), which a plain process does not say
+    assert result["environment"]["per_step_work_compiled"] is False
+    assert all("per_step_work_compiled" not in env for env in result["plain_environments"])
 
 
 def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():

@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     rows = run_plain(args.shape, [int(c) for c in args.concurrency.split(",")], args.tokens, args.prompt_len,
                      args.repeats, json.loads(args.overrides))
     # this process's environment too: its host speed may differ from the speechctl process's
-    args.out.write_text(json.dumps({"rows": rows, "environment": environment()}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"rows": rows, "environment": environment(speechctl=False)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 
-def environment() -> dict:
+def environment(speechctl: bool = True) -> dict:
+    """The software, device and host speed of this process; ``speechctl``: also how speechctl's
+    engines run here (not for a plain-vLLM baseline's process)."""
     import torch
     import transformers
     import vllm
@@ -22,9 +24,10 @@ def environment() -> dict:
     else:
         env["device"] = platform.processor() or "cpu"
     env["host"] = host_probe()
-    from speechctl.engine.state import compile_per_step_work
+    if speechctl:
+        from speechctl.engine.state import compile_per_step_work
 
-    env["per_step_work_compiled"] = compile_per_step_work()
+        env["per_step_work_compiled"] = compile_per_step_work()
     return env
 
 

@@ -180,8 +180,9 @@ def check_independent_replica(llm_engine) -> None:
 
 class StepView:
     """Read-only view of the V1 runner's buffers for the step being prepared. It holds the runner
-    weakly: whatever outlives the engine while holding the runtime (torch.compile's code caches
-    guard on the compiled methods' ``self``) must not keep the runner, its KV cache and weights."""
+    weakly, so that whatever keeps the runtime after its engine is dropped keeps no runner (its
+    KV cache and weights). (What did keep dropped engines on the H200 was vLLM's frozen GC heap:
+    ``collect_dropped_engines``.)"""
 
     def __init__(self, runner):
         self._runner = weakref.proxy(runner)
