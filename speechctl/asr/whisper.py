@@ -251,9 +251,10 @@ class WhisperAsr:
     def close(self) -> None:
         llm = getattr(self, "_llm", None)
         if llm is not None:
-            self._llm = self._engine = None
-            del llm
             from speechctl.engine import vllm_compat
 
+            self._llm = self._engine = None
+            vllm_compat.stop_worker_processes(llm.llm_engine)
+            del llm
             vllm_compat.collect_dropped_engines()
 

@@ -185,7 +185,7 @@ class SpeechEngine:
         if compiled:
             started = time.perf_counter()
             self.warm_up()
-            self.warm_up_s = round(time.perf_counter() - started, 1)
+            self.warm_up_s = time.perf_counter() - started
             log.info("warm-up (compiling the per-step work) took %.1f s", self.warm_up_s)
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
@@ -442,6 +442,7 @@ class SpeechEngine:
         engine = getattr(self, "_vllm", None)
         if engine is not None:
             self._vllm = None
+            vllm_compat.stop_worker_processes(engine)
             del engine
             vllm_compat.collect_dropped_engines()
 

@@ -16,6 +16,8 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 * ``offline_engine``: an ``LLMEngine`` with the offline ``LLM`` class's defaults (usage context).
 * ``collect_dropped_engines``: the garbage collector's heap, which vLLM freezes once an engine
   has started, thawed so that an engine dropped later is freed.
+* ``stop_worker_processes``: tensor parallelism's rank processes, which 0.26 stops only when its
+  executor is collected, stopped at shutdown.
 * ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
   CUDA graphs (``CUDAGraphWrapper.clear_all_graphs``); the earlier engines get theirs back.
 * ``kernel_on_cuda``: a custom op's CUDA kernel, called from code outside vLLM's compiled forward.
@@ -161,6 +163,22 @@ def collect_dropped_engines() -> None:
         gc.freeze()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()  # give the freed memory back to other processes too
+
+
+def stop_worker_processes(llm_engine) -> None:
+    """Stop the rank processes of an engine this process is dropping (tensor parallelism's
+    workers: ``MultiprocExecutor``, 0.26 and 0.32). 0.32's in-process client stops them when it is
+    collected (a finalizer); 0.26's has none, and the executor's own finalizer waits for the
+    executor to be collected, which a reference that survives can postpone for as long as the
+    process lives (seen on the H200: after a TP=2 engine's shutdown its two workers still held
+    123 GiB on each GPU and the next engine would not start). Only the executor is shut down:
+    ``EngineCore.shutdown`` would also tear down this process's distributed state, which the
+    engines still live here use."""
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    executor = llm_engine.engine_core.engine_core.model_executor
+    if isinstance(executor, MultiprocExecutor):
+        executor.shutdown()
 
 
 def check_independent_replica(llm_engine) -> None:
