@@ -16,8 +16,9 @@ for stage in "$@"; do
     tests)
       nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$OUT/env-multi-gpu.txt" 2>&1
       python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'gpus', torch.cuda.device_count())" >> "$OUT/env-multi-gpu.txt" 2>&1
-      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_tensor_parallel.py tests/test_data_parallel.py \
-        > "$OUT/pytest-multi-gpu.log" 2>&1
+      # PYTEST_ARGS=-s: vLLM's worker processes' own tracebacks into the log (uncaptured)
+      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs ${PYTEST_ARGS:-} tests/test_tensor_parallel.py \
+        tests/test_data_parallel.py ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-multi-gpu.log" 2>&1
       tail -5 "$OUT/pytest-multi-gpu.log"
       ;;
     parallel)
