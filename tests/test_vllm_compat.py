@@ -229,7 +229,8 @@ def test_tensor_parallel_workers_are_spawned_on_cuda(monkeypatch):
     from vllm.utils.system_utils import _maybe_force_spawn
 
     assert "cuda_is_initialized()" in inspect.getsource(_maybe_force_spawn)
-    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "unset")  # so that teardown restores it
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD")
     vllm_compat.apply_engine_environment(tensor_parallel_size=1, on_gpu=True)
     assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
     vllm_compat.apply_engine_environment(tensor_parallel_size=2, on_gpu=True)

@@ -185,7 +185,7 @@ class SpeechEngine:
         if compiled:
             started = time.perf_counter()
             self.warm_up()
-            self.warm_up_s = time.perf_counter() - started
+            self.warm_up_s = round(time.perf_counter() - started, 3)
             log.info("warm-up (compiling the per-step work) took %.1f s", self.warm_up_s)
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
