@@ -126,7 +126,6 @@ class Speech:
         from speechctl.codecs import load_codec
         from speechctl.engine.engine import SpeechEngine
         from speechctl.models.catalog import codec_dir, resolve_model
-        from speechctl.models.families import family_of, read_model_config
 
         self.model_dir = resolve_model(str(model) if model is not None else None)
         self.replicas = None
@@ -134,8 +133,7 @@ class Speech:
             self._start_replicas(engine_config)
             return
         self.engine = SpeechEngine(self.model_dir, engine_config)
-        family = family_of(read_model_config(self.model_dir))  # the prompt format of its architecture
-        self.prompts = family.prompt_builder(self.engine.spec, self.engine.tokenizer)
+        self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
         self.codec = load_codec(codec_dir(self.model_dir), device=device)
 

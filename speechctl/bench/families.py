@@ -68,7 +68,7 @@ def run_family_bench(
     """``partial(result)`` is called with the result so far after every row (a run cut short by
     a time limit still leaves its measured rows)."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
-    from speechctl.models.families import family_of, read_model_config
+    from speechctl.models.families import read_model_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path, dtype = FAMILIES[family][0](Path(tmp), size)
@@ -83,7 +83,7 @@ def run_family_bench(
         started = time.perf_counter()
         engine = SpeechEngine(path, config)
         startup = time.perf_counter() - started
-        prompts = family_of(read_model_config(path)).prompt_builder(engine.spec, engine.tokenizer)
+        prompts = engine.prompt_builder()
 
         def workload(count: int):
             return [

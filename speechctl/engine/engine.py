@@ -193,18 +193,21 @@ class SpeechEngine:
         first use (``compile_per_step_work``: the runtime's per-step functions, where one row and
         more rows are separate compiles, for these sampling settings) compiles at start-up
         instead of in the first requests' steps."""
-        from speechctl.models.families import family_of, read_model_config
-
-        prompts = family_of(read_model_config(self.model_dir)).prompt_builder(self.spec, self.tokenizer)
         for count in (1, 2):
             for seed in range(count):
-                self.submit(prompts.tts("Warm up.", audio_sampling=audio_sampling, seed=seed, max_frames=2))
+                self.submit(self.prompt_builder().tts("Warm up.", audio_sampling=audio_sampling, seed=seed, max_frames=2))
             while self.has_work():
                 self.step()
 
     @property
     def tokenizer(self):
         return self._vllm.get_tokenizer()
+
+    def prompt_builder(self):
+        """Prompts in the format of the checkpoint's family (``speechctl.models.families``)."""
+        from speechctl.models.families import family_of, read_model_config
+
+        return family_of(read_model_config(self.model_dir)).prompt_builder(self.spec, self.tokenizer)
 
     # -- request lifecycle ---------------------------------------------------------------------
 

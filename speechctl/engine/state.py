@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+from speechctl.accelerator import has_cuda
 from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
 from speechctl.engine.params import StreamParams
 from speechctl.engine.sampling import frame_sampler, sample_streams
@@ -48,7 +49,7 @@ def compile_per_step_work() -> bool:
     setting = os.environ.get("SPEECHCTL_COMPILE", "")
     if setting not in ("", "0", "1"):
         raise EngineError(f"SPEECHCTL_COMPILE={setting!r}: use 1 (compile the per-step work) or 0 (do not)")
-    return setting == "1" if setting else torch.cuda.is_available()
+    return setting == "1" if setting else has_cuda()
 
 
 def slot_capacity(max_num_seqs: int) -> int:

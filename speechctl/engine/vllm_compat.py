@@ -171,7 +171,7 @@ def collect_dropped_engines() -> None:
     gc.collect()
     if was_frozen:
         gc.freeze()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # (not is_available(), which would start CUDA's driver)
         torch.cuda.empty_cache()  # give the freed memory back to other processes too
 
 
