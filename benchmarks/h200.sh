@@ -4,6 +4,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on, per-step work compiled)
 #     (with compile, each engine start compiles: the seven suites take ~10 min, so run them as two
 #      calls, `tests-engine` then `tests-families`; SPEECHCTL_COMPILE=0 for the uncompiled path)
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh memory       # what a shut-down engine keeps (diagnostic)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM (two processes), graphs on/off, codec: ~5.5 min
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
@@ -29,15 +30,19 @@ for stage in "$@"; do
     tests|tests-engine|tests-families)
       case "$stage" in
         tests-engine) TESTS=${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py tests/test_parity.py tests/test_cfg.py} ;;
-        tests-families) TESTS=${TESTS:-tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} ;;
+        tests-families) TESTS=${TESTS:-tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} ;;
       esac
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       # TESTS / TESTS_K: a subset (e.g. one half per GPU of a two-GPU machine)
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
-        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
+        tests/test_parity.py tests/test_cfg.py tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"
+      ;;
+    memory)  # what a shut-down engine keeps: per family, freed or the references that hold it
+      timeout "${MEM_TIMEOUT:-300}" python3 benchmarks/held_memory.py --out "$OUT" > "$OUT/held-memory.log" 2>&1
+      grep -vE "INFO|WARNING|^\[" "$OUT/held-memory.log" | tail -40
       ;;
     cfg)
       timeout "${CFG_TIMEOUT:-300}" python3 -m speechctl.cli bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,64,256}" --frames 256 \

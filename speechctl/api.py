@@ -14,104 +14,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from speechctl.accelerator import has_cuda
-from speechctl.engine.params import (
-    DEFAULT_AUDIO,
-    DEFAULT_TEXT,
-    GREEDY,
-    NO_GUIDANCE,
-    Guidance,
-    Sampling,
-)
+from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, GREEDY, NO_GUIDANCE, Guidance, Sampling  # noqa: F401 (API)
 from speechctl.errors import EngineError, InputError, SpeechctlError
+from speechctl.jobs import AsrJob, AsrResult, FailedJob, Job, Result, TtsChunk, TtsJob, TtsResult, failure, validate
 
 ENCODE_CHUNK = 16  # audio inputs encoded per codec call
-
-
-@dataclass
-class TtsJob:
-    id: str
-    text: str
-    voice: np.ndarray | None = None  # reference waveform at the codec's sample rate
-    voice_text: str | None = None  # its transcript (Higgs Audio v2 prompts use it)
-    text_sampling: Sampling = DEFAULT_TEXT
-    audio_sampling: Sampling = DEFAULT_AUDIO
-    seed: int | None = None
-    max_seconds: float = 20.0
-    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance (scale 1.0 = off)
-    task = "tts"
-
-
-@dataclass
-class AsrJob:
-    id: str
-    audio: np.ndarray  # waveform at the engine's sample_rate (the codec's; Whisper: 16 kHz)
-    text_sampling: Sampling = GREEDY
-    seed: int | None = None
-    max_tokens: int = 256
-    task = "asr"
-
-
-@dataclass
-class FailedJob:
-    """A job that could not be built (say, an unreadable input file); ``run`` reports it."""
-
-    id: str
-    task: str
-    error: str
-
-
-@dataclass
-class TtsResult:
-    id: str
-    audio: np.ndarray | None
-    sample_rate: int
-    codes: np.ndarray | None = None  # [K, T]
-    error: str | None = None
-    task = "tts"
-
-    @property
-    def duration(self) -> float:
-        return 0.0 if self.audio is None else len(self.audio) / self.sample_rate
-
-
-@dataclass
-class TtsChunk:
-    """A piece of a streamed TTS result (``Speech.stream_tts``): samples ``start`` ..
-    ``start + len(audio)`` of the job's waveform. The job's last chunk has ``last`` set (its audio
-    may be empty); a failed job's last chunk carries ``error``."""
-
-    id: str
-    audio: np.ndarray  # float32
-    sample_rate: int
-    start: int = 0
-    last: bool = False
-    error: str | None = None
-
-
-@dataclass
-class AsrResult:
-    id: str
-    text: str | None
-    error: str | None = None
-    segments: list | None = None  # Whisper: [speechctl.asr.segments.Segment] with start/end seconds
-    tokens: list | None = None  # Whisper: generated token ids of each window
-    task = "asr"
-
-
-Job = TtsJob | AsrJob | FailedJob
-Result = TtsResult | AsrResult
-
-
-@dataclass
-class _Pending:
-    job: Job
-    errors: deque = field(default_factory=deque)
 
 
 class Speech:
@@ -125,17 +37,18 @@ class Speech:
     def __init__(self, model: str | Path | None = None, *, engine_config=None, device: str | None = None):
         from speechctl.codecs import load_codec
         from speechctl.engine.engine import SpeechEngine
-        from speechctl.models.catalog import codec_dir, resolve_model
+        from speechctl.models.catalog import resolve_checkpoint
 
-        self.model_dir = resolve_model(str(model) if model is not None else None)
+        self.checkpoint = resolve_checkpoint(str(model) if model is not None else None)
+        self.model_dir = self.checkpoint.path
         self.replicas = None
         if engine_config is not None and engine_config.data_parallel_size > 1:
             self._start_replicas(engine_config)
             return
-        self.engine = SpeechEngine(self.model_dir, engine_config)
+        self.engine = SpeechEngine(self.checkpoint, engine_config)
         self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
-        self.codec = load_codec(codec_dir(self.model_dir), device=device)
+        self.codec = load_codec(self.checkpoint.codec_dir, device=device)
 
     def _start_replicas(self, config) -> None:
         import functools
@@ -145,7 +58,7 @@ class Speech:
         from speechctl.models.catalog import codec_sample_rate
 
         self.engine = self.prompts = self.codec = None  # they live in the replicas
-        self._sample_rate = codec_sample_rate(self.model_dir)
+        self._sample_rate = codec_sample_rate(self.checkpoint)
         one = functools.partial(Speech, self.model_dir, engine_config=replace(config, data_parallel_size=1))
         self.replicas = ReplicaPool(one, config.data_parallel_size, tensor_parallel_size=config.tensor_parallel_size)
 
@@ -213,18 +126,20 @@ class Speech:
                 return
             ready = []
             for job in chunk:
-                error = job.error if isinstance(job, FailedJob) else _validate(job)
+                error = job.error if isinstance(job, FailedJob) else validate(job)
                 if error:
-                    failed.append(_failure(job, error, self.sample_rate))
+                    failed.append(failure(job, error, self.sample_rate))
                 else:
                     ready.append(job)
             waves = [j.voice if isinstance(j, TtsJob) else j.audio for j in ready]
             with_audio = [i for i, w in enumerate(waves) if w is not None]
             codes = dict(zip(with_audio, self.codec.encode([waves[i] for i in with_audio])))
             for i, job in enumerate(ready):
-                yield self._request(job, codes.get(i))
+                yield self.request(job, codes.get(i))
 
-    def _request(self, job: Job, codes: np.ndarray | None):
+    def request(self, job: Job, codes: np.ndarray | None):
+        """The engine request of a validated job, its input audio (voice prompt, audio to
+        transcribe) already encoded to ``codes`` [K, T]."""
         if isinstance(job, TtsJob):
             return self.prompts.tts(
                 job.text,
@@ -233,7 +148,7 @@ class Speech:
                 audio_sampling=job.audio_sampling,
                 seed=job.seed,
                 max_frames=max(1, math.ceil(job.max_seconds * self.codec.frame_rate)),
-                guidance=job.guidance,
+                guidance=self.checkpoint.guidance(job.guidance),
                 tag=job,
                 **({"voice_text": job.voice_text} if job.voice_text is not None else {}),
             )
@@ -246,12 +161,12 @@ class Speech:
         for out in outputs:
             job = out.tag
             if out.error:
-                yield _failure(job, f"{job.id}: {out.error}", self.sample_rate)
+                yield failure(job, f"{job.id}: {out.error}", self.sample_rate)
             elif isinstance(job, TtsJob):
                 try:
                     (segment,) = self.prompts.audio_segments(out, starts_in_audio=True)
                 except (SpeechctlError, ValueError) as e:
-                    yield _failure(job, f"{job.id}: {e}", self.sample_rate)
+                    yield failure(job, f"{job.id}: {e}", self.sample_rate)
                     continue
                 speech_out.append(job)
                 codes.append(segment)
@@ -279,6 +194,13 @@ def shared(key: tuple, make):
     return _LOADED[key]
 
 
+def close_shared() -> None:
+    """Close every engine loaded with ``shared`` in this process and give its memory back."""
+    while _LOADED:
+        _, engine = _LOADED.popitem()
+        engine.close()
+
+
 def load_asr(model: str | Path | None = None, *, engine_config=None, whisper_config=None):
     """The engine for ASR jobs: Whisper (``speechctl.asr.WhisperAsr``) when ``model`` is a
     Whisper model or None (the default, whisper-tiny.en), else a multi-stream :class:`Speech`.
@@ -288,26 +210,6 @@ def load_asr(model: str | Path | None = None, *, engine_config=None, whisper_con
     if is_whisper(model):
         return WhisperAsr(model, whisper_config)
     return Speech(model, engine_config=engine_config)
-
-
-def _validate(job: Job) -> str | None:
-    if isinstance(job, TtsJob):
-        if not job.text or not job.text.strip():
-            return f"{job.id}: empty text"
-        if job.max_seconds <= 0:
-            return f"{job.id}: max_seconds must be positive"
-        if job.voice is not None and len(job.voice) == 0:
-            return f"{job.id}: empty voice prompt"
-    elif isinstance(job, AsrJob):
-        if job.audio is None or len(job.audio) == 0:
-            return f"{job.id}: empty audio"
-    return None
-
-
-def _failure(job: Job, error: str, sample_rate: int) -> Result:
-    if getattr(job, "task", None) == "tts":
-        return TtsResult(job.id, None, sample_rate, error=error)
-    return AsrResult(job.id, None, error=error)
 
 
 __all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "TtsChunk", "AsrResult", "InputError"]

@@ -96,7 +96,7 @@ def _results(speech, asr, items: list[ManifestItem], job_options) -> Iterator:
 
 
 def _failure_result(item: ManifestItem, error: str):
-    from speechctl.api import AsrResult, TtsResult
+    from speechctl.jobs import AsrResult, TtsResult
 
     return TtsResult(item.id, None, 0, error=error) if item.task == "tts" else AsrResult(item.id, None, error=error)
 

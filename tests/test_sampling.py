@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from speechctl.engine.sampling import gumbel_noise, row_settings, sample_streams
+from speechctl.engine.runtime.sampling import gumbel_noise, row_settings, sample_streams
 
 
 def _sample(logits, temperature=1.0, top_k=0, top_p=1.0, seed=0, step=0):
@@ -163,18 +163,23 @@ def test_runtime_sampling_flags_follow_the_live_requests():
     """The host facts the runtime hands the sampler (and keys its graphs by) follow the live
     requests' settings as they come and go; depth-decoder settings are counted apart."""
     from speechctl.engine.params import Sampling, StreamParams
-    from speechctl.engine.state import StreamRuntime
-    from speechctl.models.csm_checkpoint import CsmRecipe, csm_config
-    from speechctl.models.families import csm_spec
+    from speechctl.engine.runtime import StreamRuntime
+    from speechctl.models.csm.checkpoint import CsmRecipe, csm_config
+    from speechctl.models.csm.family import csm_spec
+
+    from speechctl.engine.runtime.slots import Admitted
 
     runtime = StreamRuntime(csm_spec(csm_config(CsmRecipe()).to_dict()), max_rows=4, max_len=64, device=torch.device("cpu"))
-    flags = runtime._sampling_flags
+    flags = runtime.table.settings.sampling_flags
+
+    def admit(row, params):
+        runtime.admit(row + 1, [], [Admitted(row, params, prompt_len=3)], [])
     assert flags() == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}
-    runtime._claim(StreamParams("a", 1, audio=Sampling(temperature=0.9, top_k=50), depth=Sampling(temperature=0.0)))
+    admit(0, StreamParams("a", 1, audio=Sampling(temperature=0.9, top_k=50), depth=Sampling(temperature=0.0)))
     assert flags() == {"any_random": True, "all_random": True, "any_filter": True, "max_top_k": 50, "any_top_p": False}
     assert flags(depth=True) == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0,
                                  "any_top_p": False}
-    runtime._claim(StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))
+    admit(1, StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))
     assert flags() == {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
     runtime.release(["a"])
     assert flags() == {"any_random": False, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}

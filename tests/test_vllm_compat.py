@@ -19,6 +19,8 @@ def test_vllm_series_is_supported():
 def test_engine_environment_is_known_to_vllm():
     import vllm.envs as envs
 
+    vllm_compat.apply_engine_environment()  # what every engine start does first
+
     for name in vllm_compat._ENGINE_ENV:
         assert name in envs.environment_variables, name
     assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
@@ -304,6 +306,8 @@ def test_stream_params_ride_in_extra_args_as_one_object():
     assert StreamParams.from_extra_args(sampling.clone().extra_args) is params
     assert StreamParams.from_extra_args(pickle.loads(pickle.dumps(sampling)).extra_args) == params
     request = SimpleNamespace(sampling_params=sampling)
-    assert vllm_compat._pair_key(request) == ("r1", "r1u")
+    from speechctl.engine import pairs
+
+    assert pairs.pair_key(request) == ("r1", "r1u")
     with pytest.raises(ValueError, match="lacks speechctl stream parameters"):
         StreamParams.from_extra_args({"speechctl": {"key": "r1"}})

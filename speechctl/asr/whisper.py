@@ -134,7 +134,7 @@ class WhisperAsr:
     # -- one-shot -------------------------------------------------------------------------------
 
     def asr(self, audio: np.ndarray, **options):
-        from speechctl.api import AsrJob
+        from speechctl.jobs import AsrJob
 
         (result,) = self.run([AsrJob(id="audio", audio=audio, **options)])
         if result.error:
@@ -147,7 +147,7 @@ class WhisperAsr:
         """Transcribe ``AsrJob``s (16 kHz audio) and pass ``FailedJob``s through; yield
         ``AsrResult``s (with ``segments``) in the order they finish. Inputs longer than
         ``max_window`` seconds are cut into windows (:func:`plan_windows`)."""
-        from speechctl.api import AsrResult, FailedJob
+        from speechctl.jobs import AsrResult, FailedJob
 
         pending = iter(jobs)
         windows: deque[tuple[_Input, int]] = deque()  # windows not yet in the engine
@@ -240,7 +240,7 @@ class WhisperAsr:
         )
 
     def _result(self, item: _Input):
-        from speechctl.api import AsrResult
+        from speechctl.jobs import AsrResult
 
         if item.error is not None:
             return AsrResult(item.job.id, None, error=item.error)

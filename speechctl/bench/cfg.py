@@ -69,8 +69,8 @@ class ShapeEngine:
 
     def __enter__(self) -> "ShapeEngine":
         from speechctl.engine.engine import EngineConfig, SpeechEngine
-        from speechctl.models.prompts import MultiStreamPrompts
-        from speechctl.models.tiny import create_multistream_checkpoint
+        from speechctl.models.generic.prompts import MultiStreamPrompts
+        from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
         recipe = SHAPES[self.shape]
         self._tmp = tempfile.TemporaryDirectory()

@@ -31,14 +31,14 @@ TEXT = "The quick brown fox jumps over the lazy dog, number {i}."
 
 
 def _higgs(tmp: Path, size: str):
-    from speechctl.models.higgs_checkpoint import HIGGS_3B, HiggsRecipe, create_higgs_checkpoint
+    from speechctl.models.higgs.checkpoint import HIGGS_3B, HiggsRecipe, create_higgs_checkpoint
 
     recipe = HIGGS_3B if size == "full" else HiggsRecipe(codec=False)
     return create_higgs_checkpoint(tmp / f"higgs-{size}", recipe), recipe.dtype
 
 
 def _csm(tmp: Path, size: str):
-    from speechctl.models.csm_checkpoint import CSM_1B, CsmRecipe, create_csm_checkpoint
+    from speechctl.models.csm.checkpoint import CSM_1B, CsmRecipe, create_csm_checkpoint
 
     recipe = CSM_1B if size == "full" else CsmRecipe()
     return create_csm_checkpoint(tmp / f"csm-{size}", recipe), recipe.dtype
@@ -68,7 +68,7 @@ def run_family_bench(
     """``partial(result)`` is called with the result so far after every row (a run cut short by
     a time limit still leaves its measured rows)."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
-    from speechctl.models.families import read_model_config
+    from speechctl.models.family import read_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path, dtype = FAMILIES[family][0](Path(tmp), size)
@@ -107,7 +107,7 @@ def run_family_bench(
             "family": family,
             "size": size,
             "frames_per_request": frames,
-            "config": read_model_config(path),
+            "config": read_config(path),
             "startup_s": round(startup, 1),
             "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
             "rows": rows,

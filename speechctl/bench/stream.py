@@ -73,7 +73,7 @@ def run_stream_bench(
 def _load(shape: str, tmp: Path, concurrency: int, frames: int, engine_overrides: dict | None):
     from speechctl.api import Speech
     from speechctl.engine.engine import EngineConfig
-    from speechctl.models.tiny import create_multistream_checkpoint
+    from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
     recipe = SHAPES[shape]
     path = create_multistream_checkpoint(tmp / shape, recipe)

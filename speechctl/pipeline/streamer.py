@@ -64,14 +64,14 @@ class SpeechStreamer:
 
     def submit(self, job) -> None:
         """A ``TtsJob``: validated, its voice prompt encoded, queued in the engine."""
-        from speechctl.api import _validate
+        from speechctl.jobs import validate
 
-        error = _validate(job)
+        error = validate(job)
         if error:
             self._failed.append(self._chunk(job.id, error=error))
             return
         codes = self.speech.codec.encode([job.voice])[0] if job.voice is not None else None
-        self.submit_request(job.id, self.speech._request(job, codes))
+        self.submit_request(job.id, self.speech.request(job, codes))
 
     def submit_request(self, id: str, request) -> None:
         """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
@@ -169,7 +169,7 @@ class SpeechStreamer:
         events.append(self._chunk(live.id, error=error))
 
     def _chunk(self, id: str, audio: np.ndarray | None = None, start: int = 0, last: bool = True, error: str | None = None):
-        from speechctl.api import TtsChunk
+        from speechctl.jobs import TtsChunk
 
         audio = np.zeros(0, np.float32) if audio is None else audio
         return TtsChunk(id, audio, self.sample_rate, start, last, error)

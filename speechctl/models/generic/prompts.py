@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechctl.engine.engine import StreamOutput, StreamRequest
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
-from speechctl.engine.streams import StreamSpec, complete_frames
+from speechctl.engine.requests import StreamOutput, StreamRequest
+from speechctl.engine.streams import complete_frames
 from speechctl.errors import EngineError, InputError
+from speechctl.models.prompting import PromptBuilder
 
 
-class MultiStreamPrompts:
-    def __init__(self, spec: StreamSpec, tokenizer):
-        self.spec = spec
-        self.tokenizer = tokenizer
+class MultiStreamPrompts(PromptBuilder):
 
     def _text_ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -35,17 +33,20 @@ class MultiStreamPrompts:
         text: str,
         *,
         voice_codes: np.ndarray | None = None,
+        voice_text: str | None = None,
         text_sampling: Sampling = GREEDY,
         audio_sampling: Sampling = GREEDY,
+        depth_sampling: Sampling | None = None,
         seed: int | None = None,
         max_frames: int = 1000,
-        min_frames: int = 1,
+        min_frames: int | None = None,
         guidance: Guidance = NO_GUIDANCE,
         tag: object = None,
-        voice_text: str | None = None,
     ) -> StreamRequest:
         if voice_text is not None:
             raise InputError("this model's prompts take no voice transcript (voice_text)")
+        if depth_sampling is not None:
+            raise InputError("this model has no depth decoder (depth_sampling)")
         s = self.spec
         ids = [s.bos_id, s.task_ids["tts"]]
         items = []
@@ -65,7 +66,7 @@ class MultiStreamPrompts:
             stop_token_ids=[s.audio_eos_id],
             starts_in_audio=True,
             max_frames=max_frames,
-            min_frames=min_frames,
+            min_frames=self.min_frames if min_frames is None else min_frames,
             tag=tag,
         )
 

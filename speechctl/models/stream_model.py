@@ -1,30 +1,24 @@
-"""Generic multi-stream speech LM for vLLM: a decoder-only backbone (vLLM's own Llama / Qwen2 /
-Qwen3 layers, chosen by ``model_type``), one primary stream and K audio codebooks.
+"""What every multi-stream model shares with vLLM, whatever its family.
 
-Input of a position: primary embedding + the sum of its K codebook embeddings.
-Output: primary logits (sampled by vLLM) and K codebook logits (sampled on the device by
-``StreamRuntime``). Audio in prompts (a voice prompt, audio to transcribe) arrives as codec codes
-through vLLM's multimodal path: one ``<|audio|>`` placeholder per item, expanded to the item's
-delay-interleaved steps.
-
-Checkpoint layout (safetensors): the backbone under ``model.``, ``lm_head.weight`` [V, H],
-``audio_embed.weight`` [K*Va, H] and ``audio_head.weight`` [K*Va, H], where Va is the
-codebook size + 3 (BOS, EOS, PAD) and stream k owns rows k*Va .. (k+1)*Va-1.
+* audio in prompts as codec codes through vLLM's multimodal path (``CodesProcessor``): one
+  ``<|audio|>`` placeholder per item, expanded to the item's delay-interleaved steps; the items
+  are hashed into the prefix-cache keys;
+* ``StreamModel``: the vLLM model surface. ``embed_input_ids`` embeds the scheduled tokens
+  through the stream runtime (``_embed_streams(ids, aux)``; CUDA-graphed on decode steps), the
+  backbone's forward, ``compute_logits`` runs the heads and the sampling (``_heads(hidden)``;
+  CUDA-graphed too). A family's model supplies those two functions, its layers and its weights;
+* ``AudioCodebookEmbedding``: K codebook tables in one, summed per position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.models.interfaces import SupportsMultiModal
-from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
-from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import ModalityDataItems, MultiModalDataParser
 from vllm.multimodal.processing import (
@@ -34,27 +28,11 @@ from vllm.multimodal.processing import (
     PromptReplacement,
 )
 
-from speechctl.engine.state import StreamRuntime
+from speechctl.engine.runtime import StreamRuntime
 from speechctl.engine.streams import DelayPattern, StreamSpec
 from speechctl.engine.vllm_compat import CodesDummyHooks, CodesProcessorHooks
 
 AUDIO_PLACEHOLDER = "<|audio|>"
-
-
-def _backbone_class(model_type: str):
-    if model_type == "llama":
-        from vllm.model_executor.models.llama import LlamaModel
-
-        return LlamaModel
-    if model_type == "qwen3":
-        from vllm.model_executor.models.qwen3 import Qwen3Model
-
-        return Qwen3Model
-    if model_type == "qwen2":
-        from vllm.model_executor.models.qwen2 import Qwen2Model
-
-        return Qwen2Model
-    raise ValueError(f"unsupported backbone model_type {model_type!r} (llama, qwen2, qwen3)")
 
 
 # -- audio codes as multimodal items ----------------------------------------------------------
@@ -100,7 +78,7 @@ class CodesProcessingInfo(BaseProcessingInfo):
     def stream_spec(self) -> StreamSpec:
         from speechctl.models.families import stream_spec
 
-        return stream_spec(self.ctx.model_config.hf_config)  # by the checkpoint's family
+        return stream_spec(self.ctx.model_config.hf_config.to_dict())  # by the checkpoint's family
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return {"audio": None}
@@ -148,11 +126,9 @@ class CodesProcessor(CodesProcessorHooks, BaseMultiModalProcessor[CodesProcessin
 
 
 class StreamModel(nn.Module, SupportsMultiModal):
-    """What every multi-stream model shares with vLLM: the multimodal audio hooks, embedding of
-    the scheduled tokens through the stream runtime (``_embed_streams(ids, aux)``; CUDA-graphed on
-    decode steps), the backbone's forward (``backbone_name``) and the heads + sampling
-    (``_heads(hidden)``; CUDA-graphed too). A family supplies those two functions, its
-    ``__init__`` (setting ``stream_runtime``) and its weight loading."""
+    """The vLLM model surface of a multi-stream model (module doc). A family's ``__init__`` builds
+    its layers and calls ``make_stream_runtime``; it supplies ``_embed_streams``, ``_heads``,
+    ``embed_multimodal`` and ``load_weights``."""
 
     backbone_name = "model"
     packed_modules_mapping = {
@@ -163,6 +139,16 @@ class StreamModel(nn.Module, SupportsMultiModal):
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
         return AUDIO_PLACEHOLDER if modality.startswith("audio") else None
+
+    def make_stream_runtime(self, spec: StreamSpec, vllm_config: VllmConfig, device: torch.device) -> None:
+        """The model's per-step runtime, sized by the engine's batch and context limits."""
+        self.spec = spec
+        self.stream_runtime = StreamRuntime(
+            spec,
+            max_rows=vllm_config.scheduler_config.max_num_seqs,
+            max_len=vllm_config.model_config.max_model_len,
+            device=device,
+        )
 
     def get_language_model(self) -> nn.Module:
         return getattr(self, self.backbone_name)
@@ -205,74 +191,16 @@ class StreamModel(nn.Module, SupportsMultiModal):
         return self.stream_runtime.graphed_logits(self._heads, hidden_states)
 
 
-# -- the model ---------------------------------------------------------------------------------
+class AudioCodebookEmbedding(nn.Module):
+    """K codebook tables in one: [n, K] stream tokens -> [n, H], the sum over the K streams
+    (stream k's rows at k*V .. k*V+V-1). Named like transformers' ``HiggsAudioV2Embeddings``,
+    whose layout Higgs and CSM checkpoints share, so their names map one to one."""
 
-
-@MULTIMODAL_REGISTRY.register_processor(
-    CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
-)
-class MultiStreamForCausalLM(StreamModel):
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+    def __init__(self, num_codebooks: int, vocab: int, hidden_size: int):
         super().__init__()
-        config = vllm_config.model_config.hf_config
-        self.config = config
-        self.spec = StreamSpec.from_hf_config(config)
-        pattern = self.spec.pattern
-        self.model = _backbone_class(config.model_type)(
-            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
-        )
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            quant_config=vllm_config.quant_config,
-            prefix=maybe_prefix(prefix, "lm_head"),
-        )
-        if config.tie_word_embeddings:
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.embed_audio_tokens = nn.Embedding(num_codebooks * vocab, hidden_size)
+        offsets = torch.arange(num_codebooks, device=self.embed_audio_tokens.weight.device) * vocab
+        self.register_buffer("offsets", offsets, persistent=False)
 
-        K, Va = pattern.num_streams, pattern.vocab_size
-        self.audio_embed = nn.Embedding(K * Va, config.hidden_size)
-        self.audio_head = nn.Linear(config.hidden_size, K * Va, bias=False)
-        device = self.audio_embed.weight.device
-        self.register_buffer("stream_offsets", torch.arange(K, device=device) * Va, persistent=False)
-        self.stream_runtime = StreamRuntime(
-            self.spec,
-            max_rows=vllm_config.scheduler_config.max_num_seqs,
-            max_len=vllm_config.model_config.max_model_len,
-            device=device,
-        )
-        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
-
-    def _embed_streams(self, primary: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
-        """primary [n], aux [n, K] -> [n, H]: sum of the K+1 stream embeddings."""
-        emb = self.model.embed_input_ids(primary)
-        return emb + self.audio_embed(aux + self.stream_offsets).sum(dim=1)
-
-    def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
-        out = []
-        for item in self._audio_items(kwargs):  # [K, S]
-            item = item.to(self.stream_offsets.device, torch.int64).T
-            primary = torch.full_like(item[:, 0], self.spec.audio_id)
-            out.append(self._embed_streams(primary, item))
-        return out
-
-    def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        # Tensor parallelism: vLLM all-gathers the primary logits to every rank, and the audio
-        # head is replicated over the (all-reduced, identical) hidden states, so every rank
-        # samples the same auxiliary tokens from the same logits with the same counter-based
-        # noise: the stream state stays identical on all ranks by construction. Where a
-        # platform gathers to rank 0 only, the other ranks still sample and record the streams.
-        logits = self.logits_processor(self.lm_head, hidden_states)
-        driver = logits is not None
-        if not driver:
-            logits = hidden_states.new_zeros(hidden_states.shape[0], self.config.vocab_size)
-        K, Va = self.spec.num_codebooks, self.spec.pattern.vocab_size
-        aux_logits = self.audio_head(hidden_states).view(-1, K, Va)
-        logits = self.stream_runtime.sample(logits, aux_logits)
-        return logits if driver else None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        if self.config.tie_word_embeddings:
-            weights = ((name, w) for name, w in weights if not name.startswith("lm_head."))
-        return AutoWeightsLoader(self).load_weights(weights)
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_audio_tokens(tokens + self.offsets).sum(dim=1)

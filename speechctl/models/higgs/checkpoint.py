@@ -109,7 +109,7 @@ def create_higgs_checkpoint(path: str | os.PathLike, recipe: HiggsRecipe | None 
     """Write config.json, model.safetensors (random), tokenizer and audio_tokenizer/ to ``path``."""
     from transformers import HiggsAudioV2ForConditionalGeneration
 
-    from speechctl.models.tiny import save_random_model
+    from speechctl.models.random_weights import save_random_model
     from speechctl.models.tokenizer import byte_tokenizer
 
     recipe = recipe or HiggsRecipe()

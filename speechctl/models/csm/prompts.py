@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechctl.engine.engine import StreamOutput, StreamRequest
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import EngineError, InputError
+from speechctl.models.prompting import PromptBuilder
 
 
 @dataclass
@@ -35,10 +36,11 @@ class Turn:
     codes: np.ndarray
 
 
-class CsmPrompts:
+class CsmPrompts(PromptBuilder):
+    title = "CSM"
+
     def __init__(self, spec: StreamSpec, tokenizer):
-        self.spec = spec
-        self.tokenizer = tokenizer
+        super().__init__(spec, tokenizer)
         if tokenizer.convert_tokens_to_ids("<|AUDIO|>") != spec.audio_id:
             raise ValueError(f"tokenizer's <|AUDIO|> is not the config's audio_token_id {spec.audio_id}")
 
@@ -59,7 +61,7 @@ class CsmPrompts:
         depth_sampling: Sampling | None = None,
         seed: int | None = None,
         max_frames: int = 1000,
-        min_frames: int = 1,
+        min_frames: int | None = None,
         guidance: Guidance = NO_GUIDANCE,
         tag: object = None,
     ) -> StreamRequest:
@@ -87,12 +89,9 @@ class CsmPrompts:
             stop_token_ids=[self.spec.audio_eos_id],
             starts_in_audio=True,
             max_frames=frames,  # never forced: CSM ends by its end frame or by max_tokens
-            min_frames=min_frames,
+            min_frames=self.min_frames if min_frames is None else min_frames,
             tag=tag,
         )
-
-    def asr(self, codes, **_) -> StreamRequest:
-        raise InputError("CSM generates speech; it does not transcribe (use a Whisper model)")
 
     def audio_segments(self, out: StreamOutput, starts_in_audio: bool = True) -> list[np.ndarray]:
         """The generated frames as [K, T] codes, cut like transformers' ``generate(output_audio=
@@ -110,6 +109,3 @@ class CsmPrompts:
         ends = np.flatnonzero((steps == self.spec.rules.eos_frame).all(axis=1))
         frames = steps[: ends[0]] if len(ends) else steps
         return np.clip(frames.T, 0, self.spec.pattern.codebook_size - 1).reshape(steps.shape[1], -1)
-
-    def text(self, out: StreamOutput) -> str:
-        return ""

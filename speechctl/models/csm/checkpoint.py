@@ -106,7 +106,7 @@ def create_csm_checkpoint(path: str | os.PathLike, recipe: CsmRecipe | None = No
     """Write config.json, model.safetensors (random, Mimi included) and the tokenizer to ``path``."""
     from transformers import CsmForConditionalGeneration
 
-    from speechctl.models.tiny import save_random_model
+    from speechctl.models.random_weights import save_random_model
     from speechctl.models.tokenizer import byte_tokenizer
 
     recipe = recipe or CsmRecipe()

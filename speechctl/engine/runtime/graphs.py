@@ -1,4 +1,5 @@
-"""CUDA graphs of the per-step work around vLLM's forward.
+"""How the per-step work around vLLM's forward runs fast on CUDA: CUDA graphs of its own and
+torch.compile.
 
 vLLM captures the backbone's forward in full CUDA graphs, but the work speechctl does each step
 outside it (gathering auxiliary inputs, the heads, delay rules, sampling, CFG merging) is a few
@@ -21,6 +22,22 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from speechctl.accelerator import has_cuda
+from speechctl.errors import EngineError
+
+
+def compile_per_step_work() -> bool:
+    """torch.compile the per-step work: the runtime's input and sampling steps, CSM's depth
+    decoder. On by default on CUDA, where it fuses launch-bound chains of small kernels (H200:
+    CSM 1B 92 -> 102 frames/s at c=1; docs/benchmarks/throughput.md) for a longer start-up
+    (``SpeechEngine.warm_up`` compiles there; CSM 1B 114 s vs 32 s with inductor's on-disk cache
+    cold); off on the CPU, where compiling would dominate a short run. ``SPEECHCTL_COMPILE=0``
+    / ``1`` overrides."""
+    setting = os.environ.get("SPEECHCTL_COMPILE", "")
+    if setting not in ("", "0", "1"):
+        raise EngineError(f"SPEECHCTL_COMPILE={setting!r}: use 1 (compile the per-step work) or 0 (do not)")
+    return setting == "1" if setting else has_cuda()
 
 
 def step_graphs_enabled(device: torch.device) -> bool:

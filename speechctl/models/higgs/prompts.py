@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechctl.engine.engine import StreamOutput, StreamRequest
 from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import StreamSpec, complete_frames
 from speechctl.errors import EngineError, InputError
+from speechctl.models.prompting import PromptBuilder
 
 DEFAULT_SYSTEM = "Generate audio following instruction."
 DEFAULT_SCENE = "Audio is recorded from a quiet room."
@@ -38,10 +39,12 @@ def _turn(role: str, content: str) -> str:
     return f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"
 
 
-class HiggsAudioV2Prompts:
+class HiggsAudioV2Prompts(PromptBuilder):
+    title = "Higgs Audio v2"
+    min_frames = 0  # any stream may end the audio from its first free step, as transformers' generate allows
+
     def __init__(self, spec: StreamSpec, tokenizer, *, system: str = DEFAULT_SYSTEM, scene: str | None = DEFAULT_SCENE):
-        self.spec = spec
-        self.tokenizer = tokenizer
+        super().__init__(spec, tokenizer)
         self.system = system
         self.scene = scene
         ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in _TOKENS.items()}
@@ -71,15 +74,17 @@ class HiggsAudioV2Prompts:
         voice_text: str | None = None,
         text_sampling: Sampling = GREEDY,
         audio_sampling: Sampling = GREEDY,
+        depth_sampling: Sampling | None = None,
         seed: int | None = None,
         max_frames: int = 1000,
-        min_frames: int = 0,
+        min_frames: int | None = None,
         guidance: Guidance = NO_GUIDANCE,
         tag: object = None,
     ) -> StreamRequest:
         """A TTS request; ``voice_codes`` [K, T] (codec codes of reference audio) with its
-        transcript ``voice_text`` clone a voice. ``min_frames`` 0: any stream may end the audio
-        from its first free step, as transformers' ``generate`` allows."""
+        transcript ``voice_text`` clone a voice."""
+        if depth_sampling is not None:
+            raise InputError("Higgs Audio v2 has no depth decoder (depth_sampling)")
         if guidance.enabled:
             raise InputError("Higgs Audio v2 has no classifier-free guidance (its reference generates without it)")
         if voice_text is not None and voice_codes is None:
@@ -97,12 +102,9 @@ class HiggsAudioV2Prompts:
             stop_token_ids=[self.spec.audio_eos_id],
             starts_in_audio=True,
             max_frames=max_frames,
-            min_frames=min_frames,
+            min_frames=self.min_frames if min_frames is None else min_frames,
             tag=tag,
         )
-
-    def asr(self, codes, **_) -> StreamRequest:
-        raise InputError("Higgs Audio v2 generates speech; it does not transcribe (use a Whisper model)")
 
     def audio_segments(self, out: StreamOutput, starts_in_audio: bool = True) -> list[np.ndarray]:
         """The generated audio as [K, T] codes, read the way transformers'
@@ -135,6 +137,3 @@ class HiggsAudioV2Prompts:
         steps = steps[: ends[0]] if len(ends) else steps
         codes = complete_frames(steps, range(pat.num_streams))  # delays 1..K counted from that frame
         return np.clip(codes, 0, pat.codebook_size - 1)
-
-    def text(self, out: StreamOutput) -> str:
-        return ""

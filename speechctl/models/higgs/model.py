@@ -21,7 +21,7 @@ What transformers' model and its ``generate`` do, and so what this file reproduc
   elsewhere it is free over its whole vocabulary (codes, BOS and EOS alike; nothing is masked).
   Once some stream emits EOS at step s, stream k is forced to EOS from step s+k+1 on.
   In speechctl terms: ``DelayPattern(delays=1..K, bos, eos, pad=eos)`` with
-  ``EndRules(eos_lag=1, open_vocab=True)`` (``speechctl.models.families.higgs_audio_v2_spec``).
+  ``EndRules(eos_lag=1, open_vocab=True)`` (``speechctl.models.higgs.family``).
 * Voice prompts: reference codes [K, T] get a BOS and an EOS frame and the delay pattern
   (``HiggsAudioV2Processor.build_delay_pattern``): T + K + 1 audio positions - exactly
   ``DelayPattern.build`` of this layout; they arrive as multimodal items (``CodesProcessor``).
@@ -48,9 +48,9 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaM
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
-from speechctl.engine.state import StreamRuntime
-from speechctl.models.families import higgs_audio_v2_spec
-from speechctl.models.multistream import (
+from speechctl.models.higgs.family import higgs_audio_v2_spec
+from speechctl.models.stream_model import (
+    AudioCodebookEmbedding,
     CodesDummyInputsBuilder,
     CodesProcessingInfo,
     CodesProcessor,
@@ -102,20 +102,6 @@ class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
         return hidden_states, residual
 
 
-class AudioCodebookEmbedding(nn.Module):
-    """K codebook tables in one: [n, K] stream tokens -> [n, H], the sum over the K streams.
-    Named like transformers' ``HiggsAudioV2Embeddings`` so checkpoint names map one to one."""
-
-    def __init__(self, num_codebooks: int, vocab: int, hidden_size: int):
-        super().__init__()
-        self.embed_audio_tokens = nn.Embedding(num_codebooks * vocab, hidden_size)
-        offsets = torch.arange(num_codebooks, device=self.embed_audio_tokens.weight.device) * vocab
-        self.register_buffer("offsets", offsets, persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_audio_tokens(tokens + self.offsets).sum(dim=1)
-
-
 @MULTIMODAL_REGISTRY.register_processor(
     CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
 )
@@ -124,9 +110,9 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
-        self.spec = higgs_audio_v2_spec(config.to_dict())
-        pattern = self.spec.pattern
-        self.audio_ids = (self.spec.audio_id, self.spec.flush_id)  # text ids of audio positions
+        spec = higgs_audio_v2_spec(config.to_dict())
+        pattern = spec.pattern
+        self.audio_ids = (spec.audio_id, spec.flush_id)  # text ids of audio positions
 
         max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         self.register_buffer("audio_mask", torch.zeros(max_tokens, 1, dtype=torch.bool), persistent=False)
@@ -138,12 +124,7 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         K, V = pattern.num_streams, pattern.vocab_size
         self.model.embed_audio_tokens = AudioCodebookEmbedding(K, V, config.hidden_size)
         self.audio_lm_head = nn.Linear(config.hidden_size, K * V, bias=False)
-        self.stream_runtime = StreamRuntime(
-            self.spec,
-            max_rows=vllm_config.scheduler_config.max_num_seqs,
-            max_len=vllm_config.model_config.max_model_len,
-            device=self.audio_mask.device,
-        )
+        self.make_stream_runtime(spec, vllm_config, self.audio_mask.device)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:

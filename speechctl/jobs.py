@@ -1,0 +1,108 @@
+"""Jobs and results: what callers hand the API, the pipelines and ASR, and what comes back.
+
+Plain data with its validation, below ``api.py``, ``asr/`` and ``pipeline/``; imports neither
+torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, GREEDY, NO_GUIDANCE, Guidance, Sampling
+
+
+@dataclass
+class TtsJob:
+    id: str
+    text: str
+    voice: np.ndarray | None = None  # reference waveform at the codec's sample rate
+    voice_text: str | None = None  # its transcript (Higgs Audio v2 prompts use it)
+    text_sampling: Sampling = DEFAULT_TEXT
+    audio_sampling: Sampling = DEFAULT_AUDIO
+    seed: int | None = None
+    max_seconds: float = 20.0
+    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance (scale 1.0 = off)
+    task = "tts"
+
+
+@dataclass
+class AsrJob:
+    id: str
+    audio: np.ndarray  # waveform at the engine's sample_rate (the codec's; Whisper: 16 kHz)
+    text_sampling: Sampling = GREEDY
+    seed: int | None = None
+    max_tokens: int = 256
+    task = "asr"
+
+
+@dataclass
+class FailedJob:
+    """A job that could not be built (say, an unreadable input file); ``run`` reports it."""
+
+    id: str
+    task: str
+    error: str
+
+
+@dataclass
+class TtsResult:
+    id: str
+    audio: np.ndarray | None
+    sample_rate: int
+    codes: np.ndarray | None = None  # [K, T]
+    error: str | None = None
+    task = "tts"
+
+    @property
+    def duration(self) -> float:
+        return 0.0 if self.audio is None else len(self.audio) / self.sample_rate
+
+
+@dataclass
+class TtsChunk:
+    """A piece of a streamed TTS result (``Speech.stream_tts``): samples ``start`` ..
+    ``start + len(audio)`` of the job's waveform. The job's last chunk has ``last`` set (its audio
+    may be empty); a failed job's last chunk carries ``error``."""
+
+    id: str
+    audio: np.ndarray  # float32
+    sample_rate: int
+    start: int = 0
+    last: bool = False
+    error: str | None = None
+
+
+@dataclass
+class AsrResult:
+    id: str
+    text: str | None
+    error: str | None = None
+    segments: list | None = None  # Whisper: [speechctl.asr.segments.Segment] with start/end seconds
+    tokens: list | None = None  # Whisper: generated token ids of each window
+    task = "asr"
+
+
+Job = TtsJob | AsrJob | FailedJob
+Result = TtsResult | AsrResult
+
+
+def validate(job: Job) -> str | None:
+    if isinstance(job, TtsJob):
+        if not job.text or not job.text.strip():
+            return f"{job.id}: empty text"
+        if job.max_seconds <= 0:
+            return f"{job.id}: max_seconds must be positive"
+        if job.voice is not None and len(job.voice) == 0:
+            return f"{job.id}: empty voice prompt"
+    elif isinstance(job, AsrJob):
+        if job.audio is None or len(job.audio) == 0:
+            return f"{job.id}: empty audio"
+    return None
+
+
+def failure(job: Job, error: str, sample_rate: int) -> Result:
+    if getattr(job, "task", None) == "tts":
+        return TtsResult(job.id, None, sample_rate, error=error)
+    return AsrResult(job.id, None, error=error)
