@@ -57,6 +57,24 @@ def referrer_chain(target, max_depth: int = 12) -> list[str]:
     return frontier[0][1] if frontier else []
 
 
+def live_cuda_tensors(top: int = 3) -> list[dict]:
+    """The largest CUDA tensors still alive, with what holds each."""
+    import torch
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    found = []
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor) and obj.is_cuda:
+                found.append((int(obj.untyped_storage().nbytes()), obj))
+        except Exception:  # tracing leftovers with symbolic sizes
+            continue
+    found.sort(key=lambda x: x[0], reverse=True)
+    return [{"shape": [int(d) for d in t.shape], "dtype": str(t.dtype), "storage_mb": n / 2**20,
+             "held_by": referrer_chain(t, max_depth=8)} for n, t in found[:top]]
+
+
 def _short(obj) -> str:
     try:
         if isinstance(obj, dict):
@@ -97,8 +115,19 @@ def main() -> None:
             row = {"family": family, "model_freed": model() is None, "runner_freed": runner_ref() is None,
                    "allocated_before_mb": before / 2**20, "allocated_running_mb": during / 2**20,
                    "allocated_after_mb": after / 2**20}
+            gc.unfreeze()  # vLLM froze the heap: frozen objects are invisible to gc's scans
             if model() is not None:
                 row["model_held_by"] = referrer_chain(model())
+            if cuda:
+                row["live_cuda_tensors"] = live_cuda_tensors()
+                # What dynamo keeps in the code objects it compiled (C-level, invisible to gc):
+                import torch._dynamo
+
+                torch._dynamo.reset()
+                gc.collect()
+                torch.cuda.empty_cache()
+                row["allocated_after_dynamo_reset_mb"] = torch.cuda.memory_allocated() / 2**20
+            gc.freeze()
             report.append(row)
             print(json.dumps(row, indent=1), flush=True)
     if args.out:

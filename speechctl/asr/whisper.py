@@ -122,6 +122,7 @@ class WhisperAsr:
         args = self.config.engine_args(self.model_dir, has_cuda())
         with vllm_compat.other_engines_keep_their_graphs():
             self._llm = LLM(**args)
+        vllm_compat.track_engine(self._llm.llm_engine)
         self._engine = self._llm.llm_engine
         self.tokenizer = self._llm.get_tokenizer()
         vocab = self.tokenizer.get_vocab()
