@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,9 @@ from speechctl.accelerator import has_cuda
 from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, GREEDY, NO_GUIDANCE, Guidance, Sampling  # noqa: F401 (API)
 from speechctl.errors import EngineError, InputError, SpeechctlError
 from speechctl.jobs import AsrJob, AsrResult, FailedJob, Job, Result, TtsChunk, TtsJob, TtsResult, failure, validate
+from speechctl.models.family import DEFAULT_MAX_SECONDS
+from speechctl.pieces import PartOf, Whole, cap_warning
+from speechctl.text import MAX_PIECE_CHARS, split_for_speech
 
 ENCODE_CHUNK = 16  # audio inputs encoded per codec call
 
@@ -135,46 +139,98 @@ class Speech:
             with_audio = [i for i, w in enumerate(waves) if w is not None]
             codes = dict(zip(with_audio, self.codec.encode([waves[i] for i in with_audio])))
             for i, job in enumerate(ready):
-                yield self.request(job, codes.get(i))
+                yield from self.requests_of(job, codes.get(i))
 
-    def request(self, job: Job, codes: np.ndarray | None):
-        """The engine request of a validated job, its input audio (voice prompt, audio to
-        transcribe) already encoded to ``codes`` [K, T]."""
+    def requests_of(self, job: Job, codes: np.ndarray | None) -> list:
+        """The engine requests of a validated job: one, or one per piece of a long text (tagged
+        ``pieces.PartOf``; ``speechctl.text`` cuts it)."""
+        if not isinstance(job, TtsJob):
+            return [self.request(job, codes)]
+        pieces = split_for_speech(job.text, self.max_piece_chars)
+        if len(pieces) == 1:
+            return [self.request(job, codes)]
+        whole = Whole(job, pieces)
+        frames = self.max_frames(job.max_seconds)
+        return [self.request(replace(job, text=p.text), codes, tag=PartOf(whole, i, frames)) for i, p in enumerate(pieces)]
+
+    def request(self, job: Job, codes: np.ndarray | None, tag=None):
+        """The engine request of a validated job (or of one piece of it: ``tag``), its input audio
+        (voice prompt, audio to transcribe) already encoded to ``codes`` [K, T]."""
+        tag = job if tag is None else tag
         if isinstance(job, TtsJob):
+            defaults = self.checkpoint.defaults
+            depth = job.depth_sampling or defaults.depth
+            repetition = job.repetition if job.repetition is not None else defaults.repetition
+            repetition = tuple(repetition) if repetition and repetition[0] > 0 else None
             return self.prompts.tts(
                 job.text,
                 voice_codes=codes,
-                text_sampling=job.text_sampling,
-                audio_sampling=job.audio_sampling,
+                text_sampling=job.text_sampling or defaults.text,
+                audio_sampling=job.audio_sampling or defaults.audio,
                 seed=job.seed,
-                max_frames=max(1, math.ceil(job.max_seconds * self.codec.frame_rate)),
+                max_frames=self.max_frames(job.max_seconds),
                 guidance=self.checkpoint.guidance(job.guidance),
-                tag=job,
+                tag=tag,
+                **({"repetition": repetition} if repetition else {}),
                 **({"voice_text": job.voice_text} if job.voice_text is not None else {}),
+                **({"depth_sampling": depth} if depth is not None else {}),
             )
         return self.prompts.asr(
-            codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=job
+            codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=tag
         )
+
+    def max_frames(self, seconds: float | None) -> int:
+        """Frames of audio for ``seconds`` (None: the checkpoint's default length)."""
+        if seconds is None:
+            if self.checkpoint.defaults.max_frames is not None:
+                return self.checkpoint.defaults.max_frames
+            seconds = DEFAULT_MAX_SECONDS
+        return max(1, math.ceil(seconds * self.codec.frame_rate))
+
+    @property
+    def max_piece_chars(self) -> int:
+        """The longest piece of text one request speaks (longer texts are cut: speechctl.text)."""
+        return MAX_PIECE_CHARS
 
     def _finish(self, outputs) -> Iterator[Result]:
         speech_out, codes = [], []
         for out in outputs:
-            job = out.tag
-            if out.error:
-                yield failure(job, f"{job.id}: {out.error}", self.sample_rate)
-            elif isinstance(job, TtsJob):
+            tag, job = out.tag, getattr(out.tag, "job", out.tag)
+            if isinstance(tag, PartOf) and tag.whole.failed:
+                continue
+            error = out.error
+            if error is None and isinstance(job, TtsJob):
                 try:
                     (segment,) = self.prompts.audio_segments(out, starts_in_audio=True)
                 except (SpeechctlError, ValueError) as e:
-                    yield failure(job, f"{job.id}: {e}", self.sample_rate)
-                    continue
-                speech_out.append(job)
+                    error = str(e)
+            if error is not None:
+                if isinstance(tag, PartOf):  # the job fails as a whole: stop its other pieces
+                    tag.whole.failed = True
+                    self.engine.abort([t for t in self.engine.tags() if isinstance(t, PartOf) and t.whole is tag.whole])
+                    error = f"piece {tag.index + 1} of {len(tag.whole.pieces)}: {error}"
+                yield failure(job, f"{job.id}: {error}", self.sample_rate)
+            elif isinstance(job, TtsJob):
+                speech_out.append(tag)
                 codes.append(segment)
             else:
                 yield AsrResult(job.id, self.prompts.text(out))
         if speech_out:
-            for job, segment, wave in zip(speech_out, codes, self.codec.decode(codes)):
-                yield TtsResult(job.id, wave, self.sample_rate, codes=segment)
+            for tag, segment, wave in zip(speech_out, codes, self.codec.decode(codes)):
+                yield from self._tts_result(tag, segment, wave)
+
+    def _tts_result(self, tag, segment: np.ndarray, wave: np.ndarray) -> Iterator[TtsResult]:
+        if not isinstance(tag, PartOf):
+            frames = self.max_frames(tag.max_seconds)
+            capped = [cap_warning(tag.id, frames / self.codec.frame_rate)] if segment.shape[1] >= frames else []
+            yield TtsResult(tag.id, wave, self.sample_rate, codes=segment, warnings=capped)
+            return
+        whole = tag.whole
+        if segment.shape[1] >= tag.max_frames:
+            whole.warnings.append(cap_warning(whole.job.id, tag.max_frames / self.codec.frame_rate, tag.index, len(whole.pieces)))
+        whole.add(tag.index, segment, wave)
+        if whole.done:
+            yield whole.result(self.sample_rate)
 
     def close(self) -> None:
         if self.replicas:

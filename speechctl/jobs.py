@@ -6,11 +6,11 @@ torch nor vLLM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 
 
 @dataclass
@@ -19,11 +19,16 @@ class TtsJob:
     text: str
     voice: np.ndarray | None = None  # reference waveform at the codec's sample rate
     voice_text: str | None = None  # its transcript (Higgs Audio v2 prompts use it)
-    text_sampling: Sampling = DEFAULT_TEXT
-    audio_sampling: Sampling = DEFAULT_AUDIO
+    # None: the checkpoint's generation defaults (its generation_config.json, else speechctl's)
+    text_sampling: Sampling | None = None
+    audio_sampling: Sampling | None = None
+    depth_sampling: Sampling | None = None  # a depth decoder's codebooks (CSM); None: its default
     seed: int | None = None
-    max_seconds: float = 20.0
-    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance (scale 1.0 = off)
+    max_seconds: float | None = None  # None: the checkpoint's default length, else 20 s
+    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance, in the family's convention (1.0 = off)
+    # repetition-aware sampling (window, max_repeat); None: the checkpoint's; (0, 0): off
+    repetition: tuple[int, int] | None = None
+    codes_out: str | None = None  # where the batch runner writes the generated codes [K, T] (.npy)
     task = "tts"
 
 
@@ -53,6 +58,7 @@ class TtsResult:
     sample_rate: int
     codes: np.ndarray | None = None  # [K, T]
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)  # e.g. a piece that reached its length cap
     task = "tts"
 
     @property
@@ -92,7 +98,7 @@ def validate(job: Job) -> str | None:
     if isinstance(job, TtsJob):
         if not job.text or not job.text.strip():
             return f"{job.id}: empty text"
-        if job.max_seconds <= 0:
+        if job.max_seconds is not None and job.max_seconds <= 0:
             return f"{job.id}: max_seconds must be positive"
         if job.voice is not None and len(job.voice) == 0:
             return f"{job.id}: empty voice prompt"

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from speechctl.accelerator import has_cuda
+from speechctl.errors import EngineError
+
+DEFAULT_CONTEXT = 4096  # positions per request when a checkpoint takes more (KV memory per request)
 
 
 @dataclass
 class EngineConfig:
     """How to run vLLM. ``None`` means vLLM's default for the platform."""
 
-    max_model_len: int = 4096
+    max_model_len: int | None = None  # None: the checkpoint's limit, at most DEFAULT_CONTEXT
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None
@@ -31,6 +34,21 @@ class EngineConfig:
     max_audio_items: int = 4  # audio items per prompt
     load_progress: bool = False  # vLLM's progress bar while loading weights
     load_format: str = "auto"  # "dummy": random weights without reading any (benchmarks)
+
+    def for_checkpoint(self, context_limit: int, dtype: str | None = None) -> "EngineConfig":
+        """This config settled against a checkpoint that takes ``context_limit`` positions and
+        stores its weights in ``dtype``: ``max_model_len`` its limit (at most DEFAULT_CONTEXT)
+        when unset, and an explicit value past the limit refused here, in one line, rather than
+        by vLLM; ``dtype`` "auto" the checkpoint's own (vLLM's CPU platform would run a float32
+        checkpoint in bfloat16, and its tokens would no longer be the reference's)."""
+        config = self
+        if config.max_model_len is None:
+            config = replace(config, max_model_len=min(context_limit, DEFAULT_CONTEXT))
+        elif config.max_model_len > context_limit:
+            raise EngineError(f"max_model_len {config.max_model_len} exceeds the checkpoint's {context_limit} positions (max_position_embeddings)")
+        if config.dtype == "auto" and dtype in ("float32", "bfloat16", "float16"):
+            config = replace(config, dtype=dtype)
+        return config
 
     def engine_args(self, model: str) -> dict:
         from speechctl.engine.pairs import pair_scheduler_class

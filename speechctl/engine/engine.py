@@ -23,6 +23,7 @@ from speechctl.engine.config import EngineConfig
 from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, Sampling, StreamParams
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.runtime import compile_per_step_work, slot_capacity
+from speechctl.engine.runtime.slots import HISTORY
 from speechctl.errors import EngineError
 from speechctl.models import register
 from speechctl.models.families import open_checkpoint
@@ -43,6 +44,7 @@ class SpeechEngine:
         self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
         self.model_dir = self.checkpoint.path
         self.spec = self.checkpoint.spec
+        self.config = self.config.for_checkpoint(self.checkpoint.context_limit, self.checkpoint.dtype)
         vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=has_cuda())
         from vllm.engine.arg_utils import EngineArgs
 
@@ -52,7 +54,7 @@ class SpeechEngine:
         overrides = self.checkpoint.hf_overrides
         args = EngineArgs(
             logits_processors=[StreamTracker],
-            **self.config.engine_args(str(self.model_dir)),
+            **self.config.engine_args(str(self.checkpoint.engine_dir)),
             **({"hf_overrides": overrides} if overrides else {}),
         )
         compiled = compile_per_step_work()  # checks SPEECHCTL_COMPILE before vLLM starts
@@ -116,6 +118,7 @@ class SpeechEngine:
             if guided:  # the unconditional member: condition dropped, no audio items
                 members.append((cond + "u", req.uncond_prompt_ids, [], False, cond))
             seed = req.seed if req.seed is not None else secrets.randbits(63)
+            history = self._audio_history(req) if req.repetition else ()
             try:
                 for member, prompt_ids, items, conditional, partner in members:
                     params = StreamParams(
@@ -131,6 +134,8 @@ class SpeechEngine:
                         guidance=req.guidance,
                         text=req.text,
                         depth=req.depth,
+                        repetition=req.repetition,
+                        history=history if conditional else (),
                     )
                     sampling = self._sampling(req, params, max_tokens, stream=req.stream and conditional)
                     self._vllm.add_request(member, _prompt(prompt_ids, items), sampling)
@@ -198,10 +203,20 @@ class SpeechEngine:
             blocks, size = config.cache_config.num_gpu_blocks, config.cache_config.block_size
             if blocks and 2 * -(-prompt // size) > blocks - 1:  # both prompts' KV at once
                 raise EngineError(f"CFG prompt of {prompt} steps: both members' KV exceeds the KV cache")
+        if req.repetition and not 0 <= req.repetition[0] <= HISTORY:
+            raise EngineError(f"repetition window {req.repetition[0]} is past the longest speechctl keeps ({HISTORY})")
         excess = max(0, prompt + req.max_tokens - limit)
         if excess and req.starts_in_audio and req.max_frames - excess < 1:
             raise EngineError(f"prompt of {prompt} steps leaves no room for audio in max_model_len {limit}")
         return req.max_tokens - excess, req.max_frames - excess
+
+    def _audio_history(self, req: StreamRequest) -> tuple[tuple[int, ...], ...]:
+        """The last steps of the prompt's audio, delay-interleaved as the model saw them: where a
+        repetition window starts."""
+        if not req.audio_items:
+            return ()
+        steps = np.concatenate([self.spec.pattern.build(np.asarray(c)) for c in req.audio_items], axis=1).T
+        return tuple(tuple(int(x) for x in row) for row in steps[-HISTORY:])
 
     def _fail(self, req: StreamRequest, error: str) -> None:
         empty = np.zeros((0, self.spec.num_codebooks), dtype=np.int32)
@@ -277,6 +292,10 @@ class SpeechEngine:
 
     def has_work(self) -> bool:
         return bool(self._queue or self._live or self._done)
+
+    def tags(self) -> list[object]:
+        """The tags of the requests queued or running (not yet reported finished)."""
+        return [r.tag for r in self._queue] + list({id(r): r.tag for r in self._live.values()}.values())
 
     def abort(self, tags: Iterable[object]) -> None:
         tags = set(map(id, tags))

@@ -30,6 +30,7 @@ class StreamRequest:
     uncond_prompt_ids: list[int] | None = None  # the CFG partner's prompt (same length)
     stream: bool = False  # report new tokens every step, not only at the end
     depth: Sampling | None = None  # a depth decoder's codebooks (CSM); None: as ``audio``
+    repetition: tuple[int, int] | None = None  # repetition-aware sampling: (window, max_repeat)
     tag: object = None  # the caller's handle, returned with the output
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import speechctl.models.hub as hub
 from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN
 from speechctl.errors import ModelError
 from speechctl.models.families import FAMILIES, open_checkpoint
-from speechctl.models.family import Checkpoint
+from speechctl.models.family import Checkpoint, read_config
 from speechctl.models.text_lm import TINY_LM, TINY_LM_DESCRIPTION
+from speechctl.models.weights import choose_weights
 
 DEFAULT_MODEL = "tiny"
 BUILTIN = {
@@ -36,12 +38,38 @@ def resolve_checkpoint(name: str | None) -> Checkpoint:
     if name == "tiny":
         from speechctl.models.tiny import ensure_tiny
 
-        return open_checkpoint(ensure_tiny())
+        return open_checkpoint(ensure_tiny(), name)
     path = Path(name).expanduser()
-    if not path.is_dir():
-        known = ", ".join(BUILTIN)
-        raise ModelError(f"unknown model '{name}': not a built-in name ({known}) and not a directory")
-    return open_checkpoint(path)
+    if path.is_dir():
+        return open_checkpoint(path)
+    if hub.is_hub_id(name):
+        return _from_hub(name)
+    known = ", ".join(BUILTIN)
+    raise ModelError(f"unknown model '{name}': not a built-in name ({known}), a directory or a hub id (ORG/NAME)")
+
+
+# Files a checkpoint needs besides its weights: configs and indexes, the tokenizer.
+_LIGHT_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "vocab*", "merges*"]
+
+
+def _from_hub(name: str) -> Checkpoint:
+    """A checkpoint named by hub id: its snapshot in the Hugging Face cache. Where downloads are
+    allowed, only what it needs is fetched: the light files, then the weight files transformers'
+    rule chooses (not a repository's other copies)."""
+    if hub.offline():
+        path = hub.snapshot(name)
+    else:
+        path = hub.snapshot(name, _LIGHT_FILES)
+        config = read_config(path)
+        _, chosen, index = choose_weights(hub.repo_files(name), config, lambda n: json.loads((path / n).read_text()))
+        path = hub.snapshot(name, _LIGHT_FILES + [*chosen, *([index] if index else [])])
+    checkpoint = open_checkpoint(path, name)
+    try:
+        checkpoint.weights
+    except ModelError as e:
+        repo, revision = hub.split_hub_id(name)
+        raise ModelError(f"{e}; fetch it with `{hub.download_command(repo, revision)}`") from None
+    return checkpoint
 
 
 def codec_sample_rate(checkpoint: Checkpoint) -> int:
@@ -82,15 +110,45 @@ def describe_model(name: str | None) -> dict:
         "delays": list(pattern.delays),
         "dtype": config.get("dtype") or config.get("torch_dtype"),
     }
-    codec_config = checkpoint.codec_dir / "config.json"
-    if codec_config.is_file():
-        codec = json.loads(codec_config.read_text())
-        codec = codec.get("codec_config") or codec  # CSM: the codec's config inside the model's
-        info["codec"] = codec.get("model_type")
-        info["sample_rate"] = codec.get("sampling_rate") or codec.get("sample_rate")
+    missing = []
+    try:
+        weights = checkpoint.weights
+        info["weights"] = f"{', '.join(weights.chosen)} (by {weights.rule})"
+        info["weights_ignored"] = ", ".join(weights.ignored) or "none"
+    except ModelError as e:
+        missing.append(str(e))
+    try:
+        codec = checkpoint.family.codec(checkpoint.path, config)
+        codec_config = json.loads((codec.path / "config.json").read_text())
+        codec_config = codec_config.get("codec_config") or codec_config  # CSM: the codec's config inside the model's
+        info["codec"] = f"{codec_config.get('model_type')}, {codec.found}: {codec.path}"
+        info["sample_rate"] = codec_config.get("sampling_rate") or codec_config.get("sample_rate")
+    except ModelError as e:
+        missing.append(str(e))
+    except (OSError, ValueError) as e:
+        missing.append(f"codec: {e}")
+    info["context_limit"] = checkpoint.context_limit
+    info["generation_defaults"] = describe_defaults(checkpoint.defaults)
+    info["missing"] = "; ".join(missing) or "nothing"
     if info["name"] in BUILTIN:
         info["description"] = BUILTIN[info["name"]]
     return info
+
+
+def describe_defaults(defaults) -> str:
+    def sampling(s):
+        if s.temperature == 0:
+            return "greedy"
+        return f"temperature {s.temperature:g}" + (f", top-k {s.top_k}" if s.top_k else "") + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
+
+    parts = [f"audio {sampling(defaults.audio)}"]
+    if defaults.depth is not None:
+        parts.append(f"depth decoder {sampling(defaults.depth)}")
+    if defaults.repetition is not None:
+        parts.append(f"repetition-aware (window {defaults.repetition.window}, max {defaults.repetition.max_repeat})")
+    if defaults.max_frames is not None:
+        parts.append(f"at most {defaults.max_frames} frames")
+    return "; ".join(parts) + f" (from {defaults.source})"
 
 
 def list_models() -> list[dict]:

@@ -42,12 +42,13 @@ def stream_spec(config) -> StreamSpec:
     return family_of(config).spec(as_dict(config))
 
 
-def open_checkpoint(path: str | Path) -> Checkpoint:
-    """The checkpoint directory ``path`` with its family; ModelError naming what is wrong."""
+def open_checkpoint(path: str | Path, name: str | None = None) -> Checkpoint:
+    """The checkpoint directory ``path`` (called ``name`` by the user: a hub id, a built-in name)
+    with its family; ModelError naming what is wrong."""
     path = Path(path)
     config = read_config(path)
     try:
         family = family_of(config)
     except ValueError as e:
-        raise ModelError(f"{path}: {e}") from None
-    return Checkpoint(path, config, family)
+        raise ModelError(f"{name or path}: {e}") from None
+    return Checkpoint(path, config, family, name)

@@ -42,6 +42,7 @@ class PromptBuilder:
         max_frames: int = 1000,
         min_frames: int | None = None,  # None: the family's
         guidance: Guidance = NO_GUIDANCE,
+        repetition: tuple[int, int] | None = None,  # repetition-aware sampling (window, max_repeat)
         tag: object = None,
     ) -> StreamRequest:
         raise NotImplementedError

@@ -24,6 +24,7 @@ import numpy as np
 from speechctl.codecs.streaming import StreamingDecoder
 from speechctl.errors import EngineError, SpeechctlError
 from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
+from speechctl.pieces import Sequence
 
 
 @dataclass
@@ -55,6 +56,7 @@ class SpeechStreamer:
         self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
         self._live: dict[str, _Live] = {}
         self._failed: list = []
+        self._sequences: dict[tuple, Sequence] = {}  # (job id, piece) -> its long job
 
     @property
     def sample_rate(self) -> int:
@@ -71,7 +73,16 @@ class SpeechStreamer:
             self._failed.append(self._chunk(job.id, error=error))
             return
         codes = self.speech.codec.encode([job.voice])[0] if job.voice is not None else None
-        self.submit_request(job.id, self.speech.request(job, codes))
+        requests = self.speech.requests_of(job, codes)
+        if len(requests) == 1:
+            self.submit_request(job.id, requests[0])
+            return
+        # A long text: its pieces stream together, passed on in order (speechctl.pieces)
+        sequence = Sequence(job.id, requests[0].tag.whole.pieces, self.sample_rate)
+        for request in requests:
+            piece_id = (job.id, request.tag.index)
+            self._sequences[piece_id] = sequence
+            self.submit_request(piece_id, request)
 
     def submit_request(self, id: str, request) -> None:
         """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
@@ -82,7 +93,12 @@ class SpeechStreamer:
         self.engine.submit(dataclasses.replace(request, stream=True, tag=live))
 
     def cancel(self, ids=None) -> None:
-        """Stop requests (all by default) now: aborted in the engine, their audio dropped."""
+        """Stop requests (all by default; a long job's id stops all its pieces) now: aborted in the
+        engine, their audio dropped."""
+        if ids is not None:
+            ids = list(ids) + [key for key in self._sequences if key[0] in set(ids)]
+        else:
+            self._sequences.clear()
         chosen = [self._live[i] for i in (list(self._live) if ids is None else ids) if i in self._live]
         if chosen:
             self.engine.abort(chosen)
@@ -140,7 +156,24 @@ class SpeechStreamer:
         for live in finished:  # all its audio was decoded above: close it with an empty chunk
             del self._live[live.id]
             events.append(self._chunk(live.id, start=live.samples, last=True))
-        return events
+        return self._in_order(events) if self._sequences else events
+
+    def _in_order(self, events: list) -> list:
+        """Pieces' chunks as their long jobs' chunks, in piece order (``pieces.Sequence``)."""
+        out = []
+        for event in events:
+            sequence = self._sequences.get(event.id) if isinstance(event.id, tuple) else None
+            if sequence is None:
+                out.append(event)
+                continue
+            emitted = sequence.push(event.id[1], event)
+            out.extend(emitted)
+            if sequence.failed or any(c.last for c in emitted):
+                pieces = [k for k, s in self._sequences.items() if s is sequence]
+                self.cancel([k for k in pieces if k in self._live])
+                for key in pieces:
+                    del self._sequences[key]
+        return out
 
     def _audio(self, live: _Live, event: AudioEvent, frames: dict, ended: list) -> None:
         key = (live.id, event.segment)

@@ -5,6 +5,7 @@
     rules.py     output side: delay and end rules on the device
     sampling.py  per-stream sampling with counter-based noise
     guidance.py  classifier-free guidance: pair rows, merge logits, one token per pair
+    repetition.py  repetition-aware sampling (Higgs' RAS)
     graphs.py    CUDA graphs and torch.compile of the per-step work
     runtime.py   StreamRuntime: admit -> inputs -> (forward) -> sample -> record
     tracker.py   StreamTracker, the vLLM logits processor that reports batch rows (imports vLLM)

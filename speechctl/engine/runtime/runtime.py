@@ -5,7 +5,7 @@ A model owns one runtime (``StreamModel`` builds it). Each engine step is, in or
     admit    which request sits in which batch row (``StreamTracker``, before the forward)
     inputs   the auxiliary tokens of every scheduled position -> embeddings (``embed_inputs``)
     forward  vLLM's backbone, in its CUDA graphs
-    sample   heads -> auxiliary tokens under the rules, CFG merged (``sample``, from compute_logits)
+    sample   heads -> auxiliary tokens under the rules, CFG merged, repeats redrawn (``sample``)
     record   the tokens of rows whose sample is real, into the slot table
 
 Between ``inputs`` and ``sample`` the runtime holds ``rows``: which slot each row of the step is
@@ -23,6 +23,7 @@ import torch
 from speechctl.engine.runtime.graphs import StepGraphs, compile_per_step_work, step_graphs_enabled
 from speechctl.engine.runtime.guidance import find_pairs, guide, pair_primary
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
+from speechctl.engine.runtime.repetition import redraw_repeats
 from speechctl.engine.runtime.rules import FrameRules
 from speechctl.engine.runtime.sampling import frame_sampler, sample_streams
 from speechctl.engine.runtime.slots import Admitted, Moved, SlotTable
@@ -123,9 +124,10 @@ class StreamRuntime:
         if tokens is not None and settings.paired:
             raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
         return self._sample_step(logits, aux_logits, tokens, rows.slots, rows.last_pos, settings.paired > 0,
-                                 settings.cfg_filter > 0, settings.text_random > 0, **settings.sampling_flags())
+                                 settings.cfg_filter > 0, settings.text_random > 0, settings.repetition > 0,
+                                 **settings.sampling_flags())
 
-    def _sample_step(self, logits, aux_logits, given, slots, last_pos, paired, cfg_filter, text_random, **flags):
+    def _sample_step(self, logits, aux_logits, given, slots, last_pos, paired, cfg_filter, text_random, repetition, **flags):
         """The sampling work as one function of tensors, host facts as arguments (``paired``, ...,
         the ``LiveSettings.sampling_flags``), so that on CUDA it compiles into a few fused kernels."""
         table, rules = self.table, self.rules
@@ -134,10 +136,13 @@ class StreamRuntime:
         pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
         if given is None:
             aux_logits = aux_logits.float()
+            raw = aux_logits.clone() if repetition else None  # RAS redraws from the model's own logits
             if pairing is not None:
                 logits, aux_logits = guide(table, pairing, slots, logits, aux_logits, cfg_filter)
             aux_logits = rules.restrict(aux_logits, step, table.min_frames[slots])
             tokens = sample_streams(aux_logits, *table.audio.at(slots), table.seed[slots], step.g_next, **flags)
+            if repetition:
+                tokens = redraw_repeats(table, slots, step.g_next, tokens, raw, self.pattern.codebook_size)
             if pairing is not None:
                 tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
         else:

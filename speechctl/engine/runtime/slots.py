@@ -24,6 +24,7 @@ from speechctl.engine.params import Sampling, StreamParams
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
+HISTORY = 32  # prompt audio steps kept per slot: the longest repetition window
 
 
 def slot_capacity(max_num_seqs: int) -> int:
@@ -78,6 +79,7 @@ class LiveSettings:
         self.top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}  # of rows that filter
         self.top_ps = {False: 0, True: 0}  # rows with top_p < 1
         self.paired = 0  # members of CFG pairs
+        self.repetition = 0  # rows with repetition-aware sampling
         self.cfg_filter = 0  # pair members using Dia's CFG top-k filter
         self.text_random = 0  # pair members sampling text at temperature > 0
 
@@ -88,6 +90,7 @@ class LiveSettings:
             if sampling.filters:
                 self.top_ks[deep][sampling.top_k] += sign
             self.top_ps[deep] += sign * (sampling.top_p < 1)
+        self.repetition += sign * (params.repetition is not None)
         if params.partner is not None:
             self.paired += sign
             self.cfg_filter += sign * (params.guidance.top_k > 0)
@@ -105,7 +108,7 @@ class LiveSettings:
     def graph_key(self) -> tuple:
         """Every host-side fact that changes which kernels the per-step work runs."""
         return (*self.sampling_flags().values(), self.paired > 0, self.cfg_filter > 0, self.text_random > 0,
-                *self.sampling_flags(depth=True).values())
+                self.repetition > 0, *self.sampling_flags(depth=True).values())
 
 
 class SlotTable:
@@ -140,8 +143,13 @@ class SlotTable:
         self.cfg_audio = full(False, torch.bool)
         self.cfg_top_k = full(0)
         self.desync = full(0)  # 1 once a paired row had no partner at its position
+        self.ras_window = full(0)  # repetition-aware sampling: window (0 = off) and limit
+        self.ras_max = full(0)
+        K, pad = spec.num_codebooks, spec.pattern.pad
+        self.history = torch.full((n, HISTORY, K), pad, dtype=torch.int32, device=device)  # prompt audio's last steps
         # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
-        self.gen_aux = torch.full((n, max_len + 1, spec.num_codebooks), spec.pattern.pad, dtype=torch.int32, device=device)
+        self.gen_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
+        self._pad = pad
 
         self.row_slots_host = np.full(max_rows, self.scratch, dtype=np.int64)
         self.row_slots = torch.full((max_rows,), self.scratch, dtype=torch.int64, device=device)
@@ -217,6 +225,8 @@ class SlotTable:
             (self.partner, [self.scratch] * len(ps)),
             (self.cfg_top_k, [p.guidance.top_k for p in ps]),
             (self.desync, [0] * len(ps)),
+            (self.ras_window, [p.repetition[0] if p.repetition else 0 for p in ps]),
+            (self.ras_max, [p.repetition[1] if p.repetition else 0 for p in ps]),
             (self.cfg_scale, [p.guidance.scale for p in ps]),
             (self.allow_audio, [p.allow_audio for p in ps]),
             (self.conditional, [p.conditional for p in ps]),
@@ -232,6 +242,13 @@ class SlotTable:
             rows = self._to_device(torch.tensor([v for _, v in fields], dtype=dtype))  # [fields, claimed]
             for (buf, _), row in zip(fields, rows):
                 buf.index_copy_(0, idx, row)
+        if any(p.repetition for p in ps):  # the prompt audio's last steps, right-aligned
+            history = np.full((len(ps), HISTORY, self.history.shape[2]), self._pad, dtype=np.int32)
+            for i, p in enumerate(ps):
+                if p.history:
+                    steps = np.asarray(p.history, dtype=np.int32)[-HISTORY:]
+                    history[i, HISTORY - len(steps):] = steps
+            self.history.index_copy_(0, idx, self._to_device(history))
 
     def _to_device(self, host) -> torch.Tensor:
         """A host array as a tensor on the table's device (see ``_staged``)."""

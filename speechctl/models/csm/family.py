@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
-from speechctl.models.family import Family
+from speechctl.errors import ModelError
+from speechctl.models.family import CodecLocation, Family, GenerationDefaults, sampling_from
+from speechctl.models.weights import WeightFiles, tensor_names
 
 
 def csm_spec(config: Mapping[str, Any]) -> StreamSpec:
@@ -59,8 +61,31 @@ class Csm(Family):
     def spec(self, config: Mapping[str, Any]) -> StreamSpec:
         return csm_spec(config)
 
-    def codec_dir(self, path: Path, config: Mapping[str, Any]) -> Path:
-        return path  # the checkpoint itself holds the codec (codec_model.*)
+    def weights(self, path: Path, config: Mapping[str, Any]) -> WeightFiles:
+        """transformers' copy; a directory that holds only Sesame's original file (names like
+        ``backbone.layers.0.attn.q_proj.weight``) is refused with what to fetch."""
+        weights = super().weights(path, config)
+        first = weights.chosen[0]
+        if first.endswith(".safetensors") and any(n.startswith("backbone.layers.") for n in tensor_names(path / first)):
+            raise ModelError(f"{path / first}: Sesame's original weight names; speechctl reads transformers' copy "
+                             "(config.json's transformers_weights), e.g. `huggingface-cli download sesame/csm-1b "
+                             "--include 'transformers*' '*.json'`")
+        return weights
+
+    def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
+        return CodecLocation(path, "inside the checkpoint (codec_model.*, Mimi)")
+
+    def defaults(self, generation: dict | None) -> GenerationDefaults:
+        """Codebook 0's sampling; the depth decoder's from the ``depth_decoder_*`` fields (which
+        transformers moves onto the depth decoder's own generation config, greedy where unset);
+        ``max_new_tokens`` frames."""
+        if generation is None:
+            return GenerationDefaults()
+        prefix = "depth_decoder_"
+        depth = {k[len(prefix):]: v for k, v in generation.items() if k.startswith(prefix)}
+        frames = generation.get("max_new_tokens")
+        return GenerationDefaults(audio=sampling_from(generation), depth=sampling_from(depth),
+                                  max_frames=int(frames) if frames else None, source="generation_config.json")
 
     def hf_overrides(self, config: Mapping[str, Any]) -> dict:
         return csm_hf_overrides(config)

@@ -63,6 +63,7 @@ class CsmPrompts(PromptBuilder):
         max_frames: int = 1000,
         min_frames: int | None = None,
         guidance: Guidance = NO_GUIDANCE,
+        repetition: tuple[int, int] | None = None,
         tag: object = None,
     ) -> StreamRequest:
         """Speak ``text`` as ``speaker`` after the ``context`` turns. A voice prompt
@@ -71,6 +72,8 @@ class CsmPrompts(PromptBuilder):
         the depth decoder's codebooks."""
         if guidance.enabled:
             raise InputError("CSM has no classifier-free guidance (its reference generates without it)")
+        if repetition:
+            raise InputError("CSM samples its codebooks in its depth decoder: repetition-aware sampling does not apply")
         turns = list(context)
         if voice_codes is not None:
             turns.append(Turn(speaker, voice_text or "", voice_codes))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from speechctl.engine.streams import StreamSpec
-from speechctl.models.family import CfgConvention, Family
+from speechctl.models.family import CfgConvention, CodecLocation, Family
 
 
 class MultiStream(Family):
@@ -23,8 +23,9 @@ class MultiStream(Family):
     def spec(self, config: Mapping[str, Any]) -> StreamSpec:
         return StreamSpec.from_dict(config.get("speechctl") or {})
 
-    def codec_dir(self, path: Path, config: Mapping[str, Any]) -> Path:
-        return path / (config.get("speechctl") or {}).get("codec", "codec")
+    def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
+        sub = (config.get("speechctl") or {}).get("codec", "codec")
+        return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
 
 
 FAMILY = MultiStream()

@@ -41,6 +41,7 @@ class MultiStreamPrompts(PromptBuilder):
         max_frames: int = 1000,
         min_frames: int | None = None,
         guidance: Guidance = NO_GUIDANCE,
+        repetition: tuple[int, int] | None = None,
         tag: object = None,
     ) -> StreamRequest:
         if voice_text is not None:
@@ -55,6 +56,7 @@ class MultiStreamPrompts(PromptBuilder):
             items.append(voice_codes)
         ids += self._text_ids(text) + [s.audio_bos_id]
         return StreamRequest(
+            repetition=repetition,
             guidance=guidance,
             uncond_prompt_ids=self.unconditional(ids, items) if guidance.enabled else None,
             prompt_ids=ids,

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
-from speechctl.models.family import Family
+from speechctl.errors import ModelError
+from speechctl.models.hub import is_hub_id, snapshot
+from speechctl.models.family import CodecLocation, Family, GenerationDefaults, Repetition, sampling_from
 
 
 def higgs_audio_v2_spec(config: Mapping[str, Any]) -> StreamSpec:
@@ -52,15 +54,36 @@ class HiggsAudioV2(Family):
     def spec(self, config: Mapping[str, Any]) -> StreamSpec:
         return higgs_audio_v2_spec(config)
 
-    def codec_dir(self, path: Path, config: Mapping[str, Any]) -> Path:
-        """``audio_tokenizer/`` or ``codec/`` inside the checkpoint, else the local directory that
-        ``processor_config.json`` names."""
-        candidates = [path / "audio_tokenizer", path / "codec"]
-        processor = path / "processor_config.json"
-        if processor.is_file():
-            tokenizer = json.loads(processor.read_text()).get("audio_tokenizer") or {}
-            candidates.append(Path(tokenizer.get("audio_tokenizer_name_or_path") or path / "none").expanduser())
-        return next((c for c in candidates if (c / "config.json").is_file()), candidates[0])
+    def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
+        """``audio_tokenizer/`` or ``codec/`` inside the checkpoint, else what
+        ``audio_tokenizer_config.json`` or ``processor_config.json`` names (transformers' processor
+        reads those): a local directory, or a hub id resolved through the Hugging Face cache."""
+        for sub in ("audio_tokenizer", "codec"):
+            if (path / sub / "config.json").is_file():
+                return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
+        for file, section in (("audio_tokenizer_config.json", None), ("processor_config.json", "audio_tokenizer")):
+            if not (path / file).is_file():
+                continue
+            entry = json.loads((path / file).read_text())
+            named = (entry.get(section) or {} if section else entry).get("audio_tokenizer_name_or_path")
+            if not named:
+                continue
+            local = Path(named).expanduser()
+            if (local / "config.json").is_file():
+                return CodecLocation(local, f"{named} (local, named in {file})")
+            if is_hub_id(named):
+                return CodecLocation(snapshot(named), f"hub id {named} in {file}, from the Hugging Face cache")
+            raise ModelError(f"{path / file}: names the codec {named!r}, which is neither a directory nor a hub id")
+        raise ModelError(f"{path}: no codec (audio_tokenizer/, or processor_config.json naming it)")
+
+    def defaults(self, generation: dict | None) -> GenerationDefaults:
+        """Its sampling, and repetition-aware sampling where ``ras_win_len`` and
+        ``ras_win_max_num_repeat`` are set (transformers' ``generate`` applies it then)."""
+        if generation is None:
+            return GenerationDefaults()
+        window, repeat = generation.get("ras_win_len"), generation.get("ras_win_max_num_repeat")
+        repetition = Repetition(int(window), int(repeat)) if window and repeat else None
+        return GenerationDefaults(audio=sampling_from(generation), repetition=repetition, source="generation_config.json")
 
 
 FAMILY = HiggsAudioV2()

@@ -79,6 +79,7 @@ class HiggsAudioV2Prompts(PromptBuilder):
         max_frames: int = 1000,
         min_frames: int | None = None,
         guidance: Guidance = NO_GUIDANCE,
+        repetition: tuple[int, int] | None = None,
         tag: object = None,
     ) -> StreamRequest:
         """A TTS request; ``voice_codes`` [K, T] (codec codes of reference audio) with its
@@ -93,6 +94,7 @@ class HiggsAudioV2Prompts(PromptBuilder):
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         K = self.spec.num_codebooks
         return StreamRequest(
+            repetition=repetition,
             prompt_ids=ids,
             audio_items=[] if voice_codes is None else [voice_codes],
             max_tokens=max_frames + K + 2,  # BOS frame, frames, at most K + 1 ending steps
