@@ -126,6 +126,8 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
     first = trainer()
     first.train(far, max_steps=2)
     first.save(tmp_path / "ckpt")
+    first.train(far, max_steps=1)  # saving leaves the trainer as it was
+    assert first.step == 3
     record = checkpoint.read_record(tmp_path / "ckpt")
     assert record["resume"] == "exact" and record["data_sha256"] == sha and record["step"] == 2
     second = trainer()
@@ -133,6 +135,8 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
     second.train(far, max_steps=1)
     assert second.step == 3
     a, b = straight.model.state_dict(), second.model.state_dict()
+    c = first.model.state_dict()
+    assert max(float((a[k] - c[k]).abs().max()) for k in a) < 1e-6
     # The moments travel in bfloat16: the resumed step is the same step up to their rounding.
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-3
     model, _, _ = load_trained_codec(tmp_path / "ckpt")

@@ -59,7 +59,8 @@ def main(argv=None) -> None:
 
     q = sub.add_parser("eval-codec", help="held-out audio through a codec: wavs, SNR, Whisper WER")
     q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
-    q.add_argument("--data", required=True, help="a data directory (python -m recipes.voice stage data)")
+    q.add_argument("--data", default=".voice/heldout-data",
+                   help="a data directory; made (the held-out sentences only) when it has none")
     q.add_argument("--out", required=True)
     q.add_argument("--limit", type=int, default=None)
     q.add_argument("--asr", default="whisper-tiny.en", help="speechctl ASR model for the WER ('' to skip)")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.utils import parametrize
 
 from recipes.voice.checkpoint import environment, load_state, read_record, save_state, write_record
 from recipes.voice.config import CodecShape, CodecTrain, Recipe
@@ -37,16 +36,22 @@ def build_codec(shape: CodecShape, train: CodecTrain):
 
 
 def plain(model):
-    """A copy of a training codec as the DacModel speechctl loads: weight normalization folded
-    into plain weights, no quantizer dropout, eval mode."""
-    model = copy.deepcopy(model).float().cpu()
-    for module in model.modules():
-        if parametrize.is_parametrized(module):
-            for name in list(module.parametrizations):
-                parametrize.remove_parametrizations(module, name, leave_parametrized=True)
-    model.config.quantizer_dropout = 0.0
-    model.quantizer.quantizer_dropout = 0.0
-    return model.eval()
+    """The DacModel speechctl loads, from a training codec: weight normalization folded into
+    plain weights, no quantizer dropout, eval mode, on the CPU. (A fresh model filled with the
+    computed weights: removing the parametrizations from a deep copy would strip them from the
+    original too, whose parametrized class the copy shares.)"""
+    import transformers
+
+    config = copy.deepcopy(model.config)
+    config.quantizer_dropout = 0.0
+    fresh = transformers.DacModel(config)
+    state = {}
+    with torch.no_grad():
+        for name in fresh.state_dict():
+            owner, _, attr = name.rpartition(".")
+            state[name] = getattr(model.get_submodule(owner), attr).detach().float().cpu().clone()
+    fresh.load_state_dict(state)
+    return fresh.eval()
 
 
 def lr_lambda(warmup: int, total: int, floor: float = 0.1):
@@ -131,7 +136,7 @@ class CodecTrainer:
     def save(self, path: Path) -> None:
         meta = {"step": self.step, "history": self.history, "runs": self.runs, "usage": self.usage.cpu()}
         resume = save_state(path, self.modules(), self.optimizers(), meta)
-        codec_params = sum(p.numel() for p in plain(self.model).parameters())
+        codec_params = sum(p.numel() for p in plain(self.model).parameters())  # as shipped
         write_record(path, {
             "stage": "codec", "step": self.step, "resume": resume, "recipe": self.recipe.to_dict(),
             "data_sha256": self.data_sha256, "runs": self.runs, "environment": environment(),

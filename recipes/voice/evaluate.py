@@ -48,8 +48,13 @@ def eval_codec(codec_model: Path, data_dir: Path, out: Path, limit: int | None =
     import torch
 
     from recipes.voice.codes import load_codec_model
-    from recipes.voice.data import load_split
+    from recipes.voice.data import build, load_split, read_manifest
 
+    if read_manifest(data_dir) is None:  # synthesize the held-out sentences alone (minutes here)
+        from recipes.voice.checkpoint import read_record
+        from recipes.voice.config import Recipe
+
+        build(Recipe.from_dict(read_record(codec_model)["recipe"]).data, data_dir, limit_hours=0)
     model = load_codec_model(codec_model)
     hop = math.prod(model.config.downsampling_ratios)
     rate = model.config.sampling_rate

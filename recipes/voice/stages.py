@@ -249,7 +249,11 @@ def main_stage(args) -> None:
         if out is not None:
             (out / "codes-manifest.json").write_text(json.dumps(m, indent=2))
     elif args.stage == "lm":
-        run_lm(recipe, work, out, args.minutes, carried / "codec-model",
+        codec_model = carried / "codec-model"
+        if not (codec_model / "codec-model.sha256").is_file() and (work / "codec" / "state.pt").is_file():
+            # No carried codec: the one this machine just trained (a chained `codec && lm` call).
+            codec_model = make_codec_model(work / "codec", work / "codec-model")
+        run_lm(recipe, work, out, args.minutes, codec_model,
                resume=carried / "lm" if args.resume else None, max_steps=args.max_steps, sets=args.set)
     elif args.stage == "export":
         codec_model = work / "codec-model"
