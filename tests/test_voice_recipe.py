@@ -105,7 +105,7 @@ def fake_data(path: Path, rate: int = 16000, seconds=(0.7, 1.1, 0.9), texts=None
 def tiny_recipe(**lm):
     recipe = preset("tiny")
     recipe.codec_train = replace(recipe.codec_train, disc_start_step=1, log_every=1, codebook_reset_every=2,
-                                 batch_size=2, segment_s=0.2)
+                                 batch_size=2, segment_s=0.2, decay_share=0.0)
     recipe.lm = replace(recipe.lm, dtype="float32", **lm)
     return recipe
 
@@ -144,6 +144,23 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
     with torch.no_grad():
         out = model(torch.zeros(1, 1, 6400)).audio_values
     assert out.shape == (1, 6400)
+
+
+def test_schedule_warms_up_holds_and_anneals_by_the_clock():
+    from recipes.voice.schedule import RunSchedule
+
+    now = [0.0]
+    s = RunSchedule(100.0, first_step=0, warmup_steps=10, decay_share=0.3, floor=0.1, clock=lambda: now[0])
+    assert s.factor(0) == pytest.approx(0.1) and s.factor(9) == 1.0
+    now[0] = 69.0
+    assert s.factor(500) == 1.0
+    now[0] = 85.0
+    assert 0.1 < s.factor(500) < 1.0
+    now[0] = 100.0
+    assert s.factor(500) == pytest.approx(0.1)
+    resumed = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, rewarm_from=500,
+                          clock=lambda: 0.0)
+    assert resumed.factor(500) == pytest.approx(0.2) and resumed.factor(504) == 1.0
 
 
 def test_pack_and_unpack_round_trip(tmp_path):
@@ -302,7 +319,7 @@ def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
     from speechctl.engine.params import GREEDY
 
     recipe = tiny_recipe()
-    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, total_steps=400, min_lr=3e-3)
+    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, decay_share=0.0)
     K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
     sentence, frames = "Hello world.", 12
     sha = fake_codes(tmp_path / "codes", K, C, [(sentence, frames)], seed=5)

@@ -1,7 +1,7 @@
 """Training the codec: a ``transformers.DacModel`` (weight-normalized while it trains) on random
 crops of the synthesized speech, with DAC's losses (multi-scale mel, waveform, VQ commitment and
 codebook terms, least-squares GAN and feature matching against ``discriminators.py``), dead-code
-re-seeding, a cosine schedule and a wall-clock budget. The whole training set lives on the device
+re-seeding, a warmup-stable-decay schedule by the clock (``schedule.py``) and a wall-clock budget. The whole training set lives on the device
 as int16 and crops are drawn there from a generator seeded by (seed, step): a resumed run draws
 exactly what an uninterrupted one would have.
 """
@@ -9,7 +9,6 @@ exactly what an uninterrupted one would have.
 from __future__ import annotations
 
 import copy
-import math
 import time
 import warnings
 from dataclasses import asdict
@@ -23,6 +22,7 @@ from recipes.voice.config import CodecShape, CodecTrain, Recipe
 from recipes.voice.data import Split, load_split
 from recipes.voice.discriminators import Discriminators, discriminator_loss, generator_losses
 from recipes.voice.losses import MultiScaleMelLoss, waveform_l1
+from recipes.voice.schedule import RunSchedule
 
 
 def build_codec(shape: CodecShape, train: CodecTrain):
@@ -52,15 +52,6 @@ def plain(model):
             state[name] = getattr(model.get_submodule(owner), attr).detach().float().cpu().clone()
     fresh.load_state_dict(state)
     return fresh.eval()
-
-
-def lr_lambda(warmup: int, total: int, floor: float = 0.1):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
-    return f
 
 
 class Crops:
@@ -153,12 +144,13 @@ class CodecTrainer:
 
     def train(self, deadline: float, max_steps: int | None = None) -> None:
         cfg = self.cfg
-        schedule = lr_lambda(cfg.warmup_steps, cfg.total_steps)
         started, first_step = time.time(), self.step
+        schedule = RunSchedule(deadline, first_step=first_step, warmup_steps=cfg.warmup_steps,
+                               decay_share=cfg.decay_share, floor=cfg.min_lr_share, max_steps=max_steps)
         sums: dict[str, torch.Tensor] = {}
         window_start = time.time()
         while time.time() < deadline and (max_steps is None or self.step - first_step < max_steps):
-            scale = schedule(self.step)
+            scale = schedule.factor(self.step)
             for group in self.opt_g.param_groups:
                 group["lr"] = cfg.lr * scale
             for group in self.opt_d.param_groups:

@@ -75,7 +75,6 @@ class CodecShape:
 
 @dataclass
 class CodecTrain:
-    minutes: float = 9.0  # wall-clock budget of one run (a stage stops, saves and exits then)
     data_hours: float | None = 20.0  # the codec trains on the corpus' first hours (None: all)
     batch_size: int = 64
     segment_s: float = 1.0  # random crops of the training audio
@@ -84,7 +83,8 @@ class CodecTrain:
     betas: tuple[float, float] = (0.8, 0.99)
     weight_decay: float = 0.0
     warmup_steps: int = 300
-    total_steps: int = 40000  # cosine schedule length (runs stop earlier by --minutes)
+    decay_share: float = 0.3  # the LR anneals over the last 30% of each run's time (schedule.py)
+    min_lr_share: float = 0.1
     grad_clip: float = 100.0
     quantizer_dropout: float = 0.5  # share of a batch trained with fewer codebooks (DAC's trick)
     # Loss weights (DAC's): multi-scale mel L1, waveform L1, VQ commitment and codebook, GAN.
@@ -135,7 +135,6 @@ class LMShape:
 
 @dataclass
 class LMTrain:
-    minutes: float = 9.0
     batch_tokens: int = 131072  # tokens per optimizer step (sequences packed by length)
     max_tokens: int = 1024  # longest sequence (prompt + audio steps)
     lr: float = 1.5e-3
@@ -143,12 +142,12 @@ class LMTrain:
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.1
     warmup_steps: int = 200
-    total_steps: int = 12000  # cosine schedule length (runs stop earlier by --minutes)
+    decay_share: float = 0.3  # the LR anneals over the last 30% of each run's time (schedule.py)
     grad_clip: float = 1.0
     # The weight of codebook k's loss: the first codebooks carry the most (RVQ), EOS included.
     codebook_weights: list[float] | None = None  # default: 1.0 for all
     bf16: bool = True
-    compile: bool = True
+    compile: bool = False  # torch.compile the loss (model included); eager is safe, batches are large
     log_every: int = 50
     eval_every: int = 500
     seed: int = 0
@@ -210,13 +209,13 @@ def preset(scale: str) -> Recipe:
             data=DataConfig(hours=0.05, heldout=8, max_chars=80),
             codec=CodecShape(encoder_hidden_size=4, decoder_hidden_size=32, n_codebooks=4, codebook_size=64,
                              downsampling_ratios=[2, 4, 8, 10]),
-            codec_train=CodecTrain(data_hours=None, batch_size=4, segment_s=0.4, warmup_steps=5, total_steps=200, disc_start_step=4,
+            codec_train=CodecTrain(data_hours=None, batch_size=4, segment_s=0.4, warmup_steps=5, disc_start_step=4,
                                    mel_windows=(64, 256, 1024), mel_bins=(10, 40, 80), disc_periods=(2, 3),
                                    disc_stft=(512, 256), disc_channels=4, codebook_reset_every=10, bf16=False,
                                    log_every=2),
             lm=LMShape(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
                        dtype="float32"),
-            lm_train=LMTrain(batch_tokens=2048, max_tokens=512, warmup_steps=5, total_steps=200, bf16=False,
+            lm_train=LMTrain(batch_tokens=2048, max_tokens=512, warmup_steps=5, bf16=False,
                              compile=False, log_every=2, eval_every=10),
             scale="tiny",
         ).validate()

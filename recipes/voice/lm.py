@@ -19,7 +19,6 @@ the lead stream only), so training and sampling see the same choices.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from torch import nn
 from recipes.voice.checkpoint import environment, load_state, read_record, save_state, write_record
 from recipes.voice.codes import CodeSplit, load_codes
 from recipes.voice.config import LMShape, Recipe, multistream_recipe
+from recipes.voice.schedule import RunSchedule
 
 
 def skeleton(recipe: Recipe, path: Path) -> Path:
@@ -251,17 +251,6 @@ def stream_loss(model: SpeechLM, batch: dict, allowed: torch.Tensor, weights: to
     return loss, per_stream.detach(), acc.detach(), w.sum(dim=0)
 
 
-def lr_at(step: int, cfg, resumed_at: int | None = None) -> float:
-    if step < cfg.warmup_steps:
-        scale = (step + 1) / cfg.warmup_steps
-    else:
-        t = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-        scale = (cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * t))) / cfg.lr
-    if resumed_at is not None:  # moments rebuilt after a weights-only resume: warm up again
-        scale *= min(1.0, (step - resumed_at + 1) / max(1, cfg.warmup_steps // 2))
-    return cfg.lr * scale
-
-
 class LMTrainer:
     def __init__(self, recipe: Recipe, codes_dir: Path, work: Path, device: str, codes_sha256: str, log=print):
         import transformers
@@ -326,6 +315,8 @@ class LMTrainer:
     def train(self, deadline: float, max_steps: int | None = None) -> None:
         cfg = self.cfg
         started, first = time.time(), self.step
+        schedule = RunSchedule(deadline, first_step=first, warmup_steps=cfg.warmup_steps, decay_share=cfg.decay_share,
+                               floor=cfg.min_lr / cfg.lr, max_steps=max_steps, rewarm_from=self.resumed_at)
         sums, tokens, window = None, 0, time.time()
         batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
         while time.time() < deadline and (max_steps is None or self.step - first < max_steps):
@@ -334,7 +325,7 @@ class LMTrainer:
                 batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
             ids, length = batches[self.position]
             batch = self.train_set.batch(torch.from_numpy(ids).to(self.device), length)
-            lr = lr_at(self.step, cfg, self.resumed_at)
+            lr = cfg.lr * schedule.factor(self.step)
             for group in self.opt.param_groups:
                 group["lr"] = lr
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
