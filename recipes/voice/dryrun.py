@@ -21,8 +21,13 @@ from recipes.voice.config import preset
 
 
 def dryrun(work: Path, codec_steps: int = 60, lm_steps: int = 300) -> dict:
+    import torch
+
     from recipes.voice import checkpoint, stages
 
+    # One thread: on a small shared CPU two threads spinning at OpenMP barriers made a step 5-20x
+    # slower than one (measured here under the load of other sessions).
+    torch.set_num_threads(1)
     work = Path(work).resolve()
     shutil.rmtree(work, ignore_errors=True)
     carry = work / "carry"
