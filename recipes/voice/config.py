@@ -86,7 +86,9 @@ class CodecTrain:
     decay_share: float = 0.3  # the LR anneals over the last 30% of each run's time (schedule.py)
     min_lr_share: float = 0.1
     grad_clip: float = 100.0
-    quantizer_dropout: float = 0.5  # share of a batch trained with fewer codebooks (DAC's trick)
+    # Share of a batch trained with fewer codebooks (DAC's 0.5 buys variable bitrate at some cost
+    # in quality at the full one; speechctl always uses all of them).
+    quantizer_dropout: float = 0.0
     # Loss weights (DAC's): multi-scale mel L1, waveform L1, VQ commitment and codebook, GAN.
     w_mel: float = 15.0
     w_wave: float = 1.0
@@ -102,7 +104,8 @@ class CodecTrain:
     disc_stft: tuple[int, ...] = (2048, 1024, 512)
     disc_channels: int = 16
     codebook_reset_every: int = 200  # steps; re-seed unused codes from encoder outputs (0: never)
-    bf16: bool = True
+    # TF32, not bf16 autocast: a bf16 residual stream puts a ~-48 dB noise floor on the waveform.
+    bf16: bool = False
     compile: bool = False
     log_every: int = 50
     seed: int = 0
@@ -209,7 +212,7 @@ def preset(scale: str) -> Recipe:
             data=DataConfig(hours=0.05, heldout=8, max_chars=80),
             codec=CodecShape(encoder_hidden_size=4, decoder_hidden_size=32, n_codebooks=4, codebook_size=64,
                              downsampling_ratios=[2, 4, 8, 10]),
-            codec_train=CodecTrain(data_hours=None, batch_size=4, segment_s=0.4, warmup_steps=5, disc_start_step=4,
+            codec_train=CodecTrain(data_hours=None, quantizer_dropout=0.5, batch_size=4, segment_s=0.4, warmup_steps=5, disc_start_step=4,
                                    mel_windows=(64, 256, 1024), mel_bins=(10, 40, 80), disc_periods=(2, 3),
                                    disc_stft=(512, 256), disc_channels=4, codebook_reset_every=10, bf16=False,
                                    log_every=2),
