@@ -87,7 +87,10 @@ def test_synthesis_is_deterministic(tmp_path):
     assert 1.5 < seconds < 5.0
     assert data.ensure(config, tmp_path / "a", expect_sha256=a["sha256"], log=None)["sha256"] == a["sha256"]
     with pytest.raises(data.DataError):
-        data.ensure(config, tmp_path / "a", expect_sha256="0" * 64, log=None)
+        data.ensure(config, tmp_path / "a", expect_sha256="0" * 64, strict=True, log=None)
+    warned = []
+    data.ensure(config, tmp_path / "a", expect_sha256="0" * 64, log=warned.append)
+    assert warned and warned[0].startswith("WARNING")
 
 
 def fake_data(path: Path, rate: int = 16000, seconds=(0.7, 1.1, 0.9), texts=None) -> str:

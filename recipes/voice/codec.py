@@ -118,7 +118,7 @@ class CodecTrainer:
     def resume(self, path: Path) -> None:
         record = read_record(path) or {}
         if record.get("data_sha256") and record["data_sha256"] != self.data_sha256:
-            raise RuntimeError(f"{path} was trained on other data ({record['data_sha256'][:16]})")
+            self.log(f"codec: WARNING: {path} was trained on other data ({record['data_sha256'][:16]})")
         meta = load_state(path, self.modules(), self.optimizers())
         self.step, self.history, self.runs = meta["step"], meta["history"], meta["runs"]
         self.usage.copy_(meta["usage"].to(self.device))

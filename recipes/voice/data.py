@@ -237,18 +237,22 @@ def read_manifest(path: Path) -> dict | None:
 
 
 def ensure(config: DataConfig, path: Path, expect_sha256: str | None = None, limit_hours: float | None = None,
-           log=print) -> dict:
+           strict: bool = False, log=print) -> dict:
     """The data set of ``config`` (the first ``limit_hours`` of it) at ``path``: reused when its
-    manifest has exactly these settings, made otherwise. ``expect_sha256`` (from a checkpoint
-    being resumed) must match."""
+    manifest has exactly these settings, made otherwise. ``expect_sha256``: what a checkpoint
+    being resumed was trained on; another hash (another espeak-ng build; in principle a last-bit
+    difference of the float64 resampler on another CPU) is an error with ``strict``, else a
+    warning (a resumed codec sees random crops: one sample's LSB does not matter)."""
     manifest = read_manifest(path)
     if manifest is None or manifest["config"] != asdict(config) or manifest.get("limit_hours") != limit_hours:
         manifest = build(config, path, limit_hours=limit_hours, log=log)
     if expect_sha256 and manifest["sha256"] != expect_sha256:
-        raise DataError(
-            f"the data at {path} (sha256 {manifest['sha256'][:16]}) is not what the checkpoint was trained on "
-            f"({expect_sha256[:16]}): another espeak-ng build or other settings"
-        )
+        message = (f"the data at {path} (sha256 {manifest['sha256'][:16]}) is not what the checkpoint was trained "
+                   f"on ({expect_sha256[:16]}): another espeak-ng build or other settings")
+        if strict:
+            raise DataError(message)
+        if log:
+            log("WARNING: " + message)
     return manifest
 
 

@@ -134,7 +134,7 @@ def make_codec_model(codec_ckpt: Path, dest: Path) -> Path:
     return Path(dest)
 
 
-def run_lm(recipe: Recipe | None, work: Path, out: Path | None, minutes: float, codec_model: Path,
+def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_model: Path,
            resume: Path | None = None, device: str | None = None, max_steps: int | None = None,
            sets: list[str] | None = None) -> Path:
     """Train the LM for ``minutes`` on the codes of ``codec_model`` (a directory, or a folder
@@ -210,7 +210,7 @@ def collect(files: Path, root: Path = Path(".voice")) -> list[str]:
         shutil.rmtree(carry, ignore_errors=True)
         carry.mkdir(parents=True)
         for f in [files / f"{name}.sha256", *sorted(files.glob(f"{name}.tar.part*"))]:
-            shutil.copy(f, carry / f.name)
+            _copy(f, carry / f.name)
         unpacked = root / "unpacked" / name
         shutil.rmtree(unpacked, ignore_errors=True)
         checkpoint.unpack(carry, name, unpacked)
@@ -221,8 +221,14 @@ def collect(files: Path, root: Path = Path(".voice")) -> list[str]:
             checkpoint.pack(model, root / "codec-model", "codec-model")
             print(f"codec-model: {model}, pack in {root / 'codec-model'}")
     for png in files.glob("*.png"):
-        shutil.copy(png, root / png.name)
+        _copy(png, root / png.name)
     return names
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Contents only: what a device call brings back is read-only, its copies need not be."""
+    dst.unlink(missing_ok=True)
+    shutil.copyfile(src, dst)
 
 
 def resolve_recipe(scale: str, sets: list[str] | None) -> Recipe:
