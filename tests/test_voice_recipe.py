@@ -49,6 +49,8 @@ def test_corpus_is_deterministic_and_holds_out_its_test_sentences():
     assert not held & {text.normalize(s) for s in a.train}
     hours = sum(map(text.estimated_seconds, a.train)) / 3600
     assert hours >= config.hours * 0.99
+    assert text.bare("The quick brown fox.") == "the quick brown fox" and text.bare("Why?") == "why?"
+    assert 0.25 < sum(text.bare_variant(s, 0.3) for s in a.train[:3000]) / 3000 < 0.35
     other = text.make_corpus(replace(config, seed=1, hours=8.0))
     assert other.heldout == a.heldout and other.train[: a.natural] == a.train[: a.natural]
     assert other.train != a.train  # the made-up sentences follow the seed
@@ -86,6 +88,9 @@ def test_synthesis_is_deterministic(tmp_path):
     seconds = split.length[0] / config.sample_rate
     assert 1.5 < seconds < 5.0
     assert data.ensure(config, tmp_path / "a", expect_sha256=a["sha256"], log=None)["sha256"] == a["sha256"]
+    for sentence in split.text[:2]:  # what the LM may read instead: the same speech
+        assert text.bare(sentence) != sentence
+        assert data.synthesize(text.bare(sentence), config)[0].tobytes() == data.synthesize(sentence, config)[0].tobytes()
     with pytest.raises(data.DataError):
         data.ensure(config, tmp_path / "a", expect_sha256="0" * 64, strict=True, log=None)
     warned = []
@@ -231,6 +236,7 @@ def lm_parts(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("lm")
     recipe = tiny_recipe(delays=[0, 2, 3, 5])
+    recipe.lm_train = replace(recipe.lm_train, bare_text_share=0.5)
     K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
     sha = fake_codes(tmp / "codes", K, C, ITEMS)
     trainer = LMTrainer(recipe, tmp / "codes", tmp / "work", "cpu", sha, log=lambda line: None)
@@ -257,7 +263,9 @@ def test_lm_batch_is_what_the_engine_feeds(lm_parts):
     L = 64
     batch = examples.batch(torch.arange(len(ITEMS)), L)
     K, lead = pattern.num_streams, pattern.lead
+    assert examples.text != [t for t, _ in ITEMS]  # some are read bare ("hi" for "Hi.")
     for i, (sentence, frames) in enumerate(ITEMS):
+        sentence = examples.text[i]
         ids = prompts.tts(sentence).prompt_ids
         P = len(ids)
         steps = pattern.build(examples.codes[:, int(examples.code_start[i]):][:, :frames].numpy())  # [K, S]
@@ -286,7 +294,8 @@ def test_lm_logits_match_the_reference_on_the_exported_checkpoint(lm_parts):
     ref = ReferenceModel(model_dir)
     lay = trainer.layout
     model = trainer.model.eval()
-    for i, (sentence, frames) in enumerate(ITEMS[:2]):
+    for i, (_, frames) in enumerate(ITEMS[:2]):
+        sentence = trainer.train_set.text[i]
         length = lay.length(len(sentence.encode()), frames)
         batch = trainer.train_set.batch(torch.tensor([i]), length)
         with torch.no_grad():
@@ -332,7 +341,7 @@ def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
     from speechctl.engine.params import GREEDY
 
     recipe = tiny_recipe()
-    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, decay_share=0.0)
+    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, decay_share=0.0, bare_text_share=0.0)
     K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
     sentence, frames = "Hello world.", 12
     sha = fake_codes(tmp_path / "codes", K, C, [(sentence, frames)], seed=5)

@@ -149,6 +149,9 @@ class LMTrain:
     grad_clip: float = 1.0
     # The weight of codebook k's loss: the first codebooks carry the most (RVQ), EOS included.
     codebook_weights: list[float] | None = None  # default: 1.0 for all
+    # Share of training sentences the LM reads as typed ("the quick brown fox" for "The quick
+    # brown fox."): espeak-ng says both alike, and `speechctl tts "Hello world"` has no full stop.
+    bare_text_share: float = 0.3
     bf16: bool = True
     compile: bool = False  # torch.compile the loss (model included); eager is safe, batches are large
     log_every: int = 50

@@ -32,6 +32,7 @@ from recipes.voice.checkpoint import environment, load_state, read_record, save_
 from recipes.voice.codes import CodeSplit, load_codes
 from recipes.voice.config import LMShape, Recipe, multistream_recipe
 from recipes.voice.schedule import RunSchedule
+from recipes.voice.text import bare, bare_variant
 
 
 def skeleton(recipe: Recipe, path: Path) -> Path:
@@ -115,6 +116,7 @@ class Examples:
 
     def __init__(self, split: CodeSplit, layout: Layout, device, max_tokens: int | None = None):
         self.layout = layout
+        self.text = list(split.text)  # what the LM reads
         text = [t.encode("utf-8") for t in split.text]
         lengths = np.array([layout.length(len(b), int(f)) for b, f in zip(text, split.frames)], dtype=np.int64)
         keep = np.ones(len(text), bool) if max_tokens is None else lengths <= max_tokens
@@ -266,7 +268,9 @@ class LMTrainer:
         self.layout = Layout.from_config(config)
         torch.manual_seed(self.cfg.seed)
         self.model = SpeechLM(config).to(self.device).train()
-        self.train_set = Examples(load_codes(codes_dir, "train"), self.layout, self.device, self.cfg.max_tokens)
+        train = load_codes(codes_dir, "train")
+        train.text = [bare(t) if bare_variant(t, self.cfg.bare_text_share) else t for t in train.text]
+        self.train_set = Examples(train, self.layout, self.device, self.cfg.max_tokens)
         self.heldout = Examples(load_codes(codes_dir, "heldout"), self.layout, self.device, self.cfg.max_tokens)
         if self.train_set.dropped:
             log(f"lm: {self.train_set.dropped} utterances longer than {self.cfg.max_tokens} positions left out")
