@@ -6,8 +6,8 @@ A random-weight checkpoint of the shape (``create_multistream_checkpoint``) is l
 does not depend on the weights' values, so this picks the backbone size and frame rate before
 anything is trained.
 
-    python -m recipes.voice speed --lm tiny --codec tiny --frames 100
-    python -m recipes.voice speed --lm full --codec full --cli     # + `speechctl tts` cold start
+    python -m recipes.voice speed --frames 100                     # the full shape
+    python -m recipes.voice speed --set lm.num_layers=12 --cli     # another shape, + CLI cold starts
 """
 
 from __future__ import annotations
