@@ -317,7 +317,7 @@ def test_lm_logits_match_the_reference_on_the_exported_checkpoint(lm_parts):
 def test_export_is_speechctls_layout(lm_parts):
     from safetensors.torch import load_file
 
-    from speechctl.models.catalog import codec_dir, resolve_model
+    from speechctl.models.catalog import resolve_checkpoint, resolve_model
 
     trainer, model_dir = lm_parts
     assert resolve_model(str(model_dir)) == model_dir
@@ -326,7 +326,7 @@ def test_export_is_speechctls_layout(lm_parts):
     assert weights["audio_embed.weight"].shape == (K * Va, H) == weights["audio_head.weight"].shape
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(weights[k], v.float()), k
-    assert (codec_dir(model_dir) / "model.safetensors").is_file()
+    assert (resolve_checkpoint(str(model_dir)).codec_dir / "model.safetensors").is_file()
 
 
 @pytest.mark.engine
