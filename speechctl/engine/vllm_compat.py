@@ -275,6 +275,10 @@ def attach_runtime(worker) -> int:
     # a Python loop over every request, each step. StreamTracker reads none (only who sits where).
     runner.input_batch.logitsprocs_need_output_token_ids = False
     runtime.use_step_graphs(step_graph_sizes(runner))
+    started = time.perf_counter()
+    recorded = model.record_step_graphs()
+    if recorded:
+        logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, time.perf_counter() - started)
     return runtime.capacity
 
 

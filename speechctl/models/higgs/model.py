@@ -106,6 +106,7 @@ class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
     CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
 )
 class HiggsAudioV2ForConditionalGeneration(StreamModel):
+    supports_repetition = True  # on by default: the published generation_config.json sets it
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
