@@ -30,7 +30,7 @@ RING = 8  # step records in flight at most (vLLM's async scheduling keeps ~2)
 class _Copy:
     host: torch.Tensor  # [max_rows, K + 4] int64, pinned on CUDA
     rows: int = 0
-    event: object = None  # torch.cuda.Event; None: done (CPU, or folded already)
+    event: object = None  # torch.cuda.Event, reused; None on the CPU (copies are done at once)
     pending: bool = False
 
 
@@ -63,7 +63,7 @@ class Readback:
         copy.host[:rows].copy_(self.record[:rows], non_blocking=True)
         copy.rows, copy.pending = rows, True
         if self.device.type == "cuda":
-            copy.event = torch.cuda.Event()
+            copy.event = copy.event or torch.cuda.Event()
             copy.event.record()
         self._next += 1
 
@@ -75,7 +75,7 @@ class Readback:
                 return  # later copies cannot be done if this one is not
 
     def _fold_one(self, copy: _Copy, wait: bool) -> bool:
-        if copy.event is not None:
+        if copy.event is not None:  # (reused by the ring: recorded again for each copy)
             if not wait and not copy.event.query():
                 return False
             copy.event.synchronize()
@@ -87,7 +87,7 @@ class Readback:
         self.tokens[slot, g] = rec[keep, :K]
         np.maximum.at(self.done, slot, g + 1)
         self.desync[slot] |= (flags[keep] >> 1) & 1
-        copy.pending, copy.event = False, None
+        copy.pending = False
         return True
 
     def collect(self, spans: list[tuple[int, int, int]]) -> list[tuple[np.ndarray, int]]:
