@@ -94,10 +94,17 @@ class Speech:
             yield from self.replicas.run(jobs)
             return
         failed: deque[Result] = deque()
-        requests = self._requests(iter(jobs), failed)
+        yield from self.run_requests(self._requests(iter(jobs), failed), failed)
+
+    def run_requests(self, requests: Iterable, failed: deque | None = None) -> Iterator[Result]:
+        """Prepared engine requests (``Speech.request``; benchmarks build fixed-length ones
+        tagged with their ``TtsJob``) through the engine, their audio decoded off the step loop
+        (``codecs/worker.py``); results as they land. ``failed``: results to hand out between
+        steps (jobs refused before they reached the engine)."""
         from speechctl.codecs.worker import DecodeQueue
 
-        decodes = DecodeQueue(self.codec)  # finished requests' audio, decoded off the step loop
+        failed = failed if failed is not None else deque()
+        decodes = DecodeQueue(self.codec)
         try:
             for outputs in self.engine.generate_steps(requests, every_step=True):
                 while failed:
