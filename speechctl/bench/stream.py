@@ -59,7 +59,7 @@ def run_stream_bench(
             speech.close()
     return {
         "benchmark": "stream",
-        "model": describe(shape),
+        "model": describe(shape) if startup is not None else {"family": speech.checkpoint.family.name, "path": str(speech.checkpoint.path)},
         "codec": {"decode_context_frames": list(speech.codec.decode_context), "frame_rate": speech.codec.frame_rate},
         "first_chunk_frames": first_chunk,
         "repeats": repeats,
