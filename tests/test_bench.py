@@ -20,6 +20,9 @@ def test_cfg_bench_runs_both_modes_with_fixed_lengths():
         # the efficiency against the physical limit: CFG(c) / (R(2c)/2), R measured at 2c in the same run
         assert row["cfg_efficiency"] == pytest.approx(row["cfg_frames_per_s"] / (row["plain_2c_frames_per_s"] / 2), rel=1e-2)
         assert row["cfg_limit"] == pytest.approx(row["plain_2c_frames_per_s"] / 2 / row["plain_frames_per_s"], rel=1e-2)
+        for mode in ("plain", "plain_2c", "cfg"):  # the scheduler's host time, per step of a run of >= 12 steps
+            assert 0 < row[f"{mode}_schedule_ms"] < row[f"{mode}_step_ms"] and row[f"{mode}_update_ms"] > 0
+            assert row[f"{mode}_step_ms"] * 12 <= row[f"{mode}_seconds"] * 1e3 * 1.01
     assert result["pair_violations"] == 0
     assert result["model"]["codebooks"] == 4 and len(lines) == 2
 
