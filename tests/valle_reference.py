@@ -110,16 +110,24 @@ class ValleReference:
 
     # -- both stages ------------------------------------------------------------------------------
 
+    @staticmethod
+    def ar_request(req) -> RefRequest:
+        """The AR stage's reference request of a request built by the family's prompts (its prompt
+        ids, guidance and frame limits)."""
+        return RefRequest(prompt_ids=req.prompt_ids, audio_items=req.audio_items, max_tokens=req.max_tokens,
+                          stop_ids=tuple(req.stop_token_ids), starts_in_audio=True, max_frames=req.max_frames,
+                          min_frames=req.min_frames, uncond_prompt_ids=req.uncond_prompt_ids,
+                          cfg_scale=req.guidance.scale, cfg_streams=req.guidance.streams)
+
+    @staticmethod
+    def text_ids(text: str, voice_text: str | None = None) -> list[int]:
+        """The NAR's text: UTF-8 bytes of the transcript and the text, joined by a space."""
+        return list((text if voice_text is None else f"{voice_text} {text}").encode("utf-8"))
+
     def generate(self, req, text: str, voice_text: str | None = None) -> np.ndarray:
-        """[K, T] greedy codes of a request built by the family's prompts for ``text`` (the AR's
-        prompt ids, guidance and frame limits are read from it; the NAR's text from ``text``)."""
-        ref = RefRequest(prompt_ids=req.prompt_ids, audio_items=req.audio_items, max_tokens=req.max_tokens,
-                         stop_ids=tuple(req.stop_token_ids), starts_in_audio=True, max_frames=req.max_frames,
-                         min_frames=req.min_frames, uncond_prompt_ids=req.uncond_prompt_ids,
-                         cfg_scale=req.guidance.scale, cfg_streams=req.guidance.streams)
-        _, aux = self.ar.generate(ref)
+        """[K, T] greedy codes of a request built by the family's prompts for ``text``."""
+        _, aux = self.ar.generate(self.ar_request(req))
         stream = list(aux[:, 0])
         first = np.asarray(stream[: stream.index(self.EOS)])
-        words = text if voice_text is None else f"{voice_text} {text}"
         voice = req.audio_items[0] if req.audio_items else None
-        return self.nar(list(words.encode("utf-8")), voice, first)
+        return self.nar(self.text_ids(text, voice_text), voice, first)
