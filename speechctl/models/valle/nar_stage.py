@@ -82,9 +82,10 @@ class NarStage:
         with self._cv:
             self._cv.wait_for(lambda: self._done or not (self._pending or self._running), timeout)
 
-    def busy(self) -> bool:
+    def working(self) -> bool:
+        """Utterances queued or in a batch now (results not yet collected excluded)."""
         with self._cv:
-            return bool(self._pending or self._running or self._done)
+            return bool(self._pending or self._running)
 
     def cancel(self, keys) -> None:
         """Drop these utterances: queued ones now, running ones when their batch ends."""

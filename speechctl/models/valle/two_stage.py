@@ -17,6 +17,7 @@ done: codebooks 2..K need the whole of codebook 1.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
@@ -51,6 +52,10 @@ class ArNarEngine:
         self.prompts = self.ar.prompt_builder()
         self._in_ar: dict[int, _Staged] = {}
         self._in_nar: dict[int, _Staged] = {}
+        # AR steps timed apart by whether the NAR stage had work (does it slow vLLM down?), and
+        # the step loop's own time around them (the hand-off: does the NAR stage block it?)
+        self.timing = {"ar_steps_alone": 0, "ar_step_s_alone": 0.0, "ar_steps_beside_nar": 0,
+                       "ar_step_s_beside_nar": 0.0, "handoff_s": 0.0}
         ck, cfg = self.checkpoint, self.ar.config
         dtype = cfg.dtype if cfg.dtype != "auto" else (ck.dtype or "float32")
         try:
@@ -97,7 +102,16 @@ class ArNarEngine:
         from speechctl.models.valle.nar_stage import NarJob
 
         results, jobs = [], []
-        outputs = self.ar.step() if self.ar.has_work() else []
+        started = time.perf_counter()
+        outputs = []
+        if self.ar.has_work():
+            beside = "beside_nar" if self.nar.working() else "alone"
+            outputs = self.ar.step()
+            stepped = time.perf_counter()
+            self.timing[f"ar_steps_{beside}"] += 1
+            self.timing[f"ar_step_s_{beside}"] += stepped - started
+        else:
+            stepped = None  # nothing for vLLM: the hand-off is all this step does
         for out in outputs:
             staged = self._in_ar.pop(id(out.tag), None)
             if staged is None:
@@ -123,6 +137,8 @@ class ArNarEngine:
                 continue
             out = replace(staged.ar_output, tag=staged.tag)
             results.append(replace(out, error=error) if error else self.prompts.full_output(out, codes))
+        if stepped is not None:
+            self.timing["handoff_s"] += time.perf_counter() - stepped
         return results
 
     def has_work(self) -> bool:
@@ -165,7 +181,8 @@ class ArNarEngine:
             yield from outputs
 
     def stats(self) -> dict:
-        return {**self.ar.stats(), **{f"nar_{k}": v for k, v in self.nar.stats.items()}}
+        """The AR engine's counters, the NAR stage's (``nar_*``) and the step timing (``timing``)."""
+        return {**self.ar.stats(), **{f"nar_{k}": v for k, v in self.nar.stats.items()}, **self.timing}
 
     def shutdown(self) -> None:
         nar = self.__dict__.get("nar")
