@@ -126,6 +126,49 @@ def test_nar_batches_equal_one_utterance_at_a_time(speech):
     assert not np.array_equal(greedy, batched[0]), "sampling should differ from greedy"
 
 
+def test_the_nar_stage_never_blocks_the_ar_step_loop(speech):
+    """A NAR batch held up (its worker waits on an event) does not hold up vLLM: the long
+    request's AR stage runs to its end meanwhile, every step returns without waiting, and the
+    results come once the batch is let go."""
+    import threading
+    import time
+
+    engine = speech.engine
+    stage = engine.nar
+    gate, entered = threading.Event(), threading.Event()
+    run_batch = stage._run_batch
+
+    def held(jobs):
+        entered.set()
+        assert gate.wait(60), "the test never let the NAR batch go"
+        return run_batch(jobs)
+
+    stage._run_batch = held
+    counted = engine.stats()
+    try:
+        short, long = (speech.prompts.tts(f"text {n}", max_frames=n, min_frames=n, tag=f"len{n}") for n in (3, 24))
+        engine.submit(short)
+        engine.submit(long)
+        slowest, outputs = 0.0, []
+        while engine.ar.has_work():
+            started = time.perf_counter()
+            outputs += engine.step()
+            slowest = max(slowest, time.perf_counter() - started)
+        assert entered.is_set() and not gate.is_set(), "the short request's NAR batch should be held up now"
+        assert outputs == [] and engine.has_work()
+        now = engine.stats()
+        assert now["ar_steps_beside_nar"] - counted["ar_steps_beside_nar"] > 15
+        assert now["handoff_s"] - counted["handoff_s"] < 1.0
+        assert slowest < 5.0, f"a step took {slowest:.1f} s while the NAR stage was held"
+    finally:
+        gate.set()
+        stage._run_batch = run_batch
+    while engine.has_work():
+        outputs += engine.step()
+    assert sorted(o.tag for o in outputs) == ["len24", "len3"]
+    assert all(o.error is None and codes_of(speech, o).shape == (4, int(o.tag[3:])) for o in outputs)
+
+
 def test_nar_with_the_ar_backbones_layers_equals_reference(tmp_path):
     """``shared_layers``: the NAR runs the AR backbone's weights with its own AdaLN and heads."""
     import torch
