@@ -6,6 +6,7 @@
 #      calls, `tests-engine` then `tests-families`; SPEECHCTL_COMPILE=0 for the uncompiled path)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh memory       # what a shut-down engine keeps (diagnostic)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh workload     # latency under load: Poisson arrivals, mixed requests
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh stream-real  # TTFA with the real families' codecs (Higgs tokenizer, Mimi)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM (two processes), graphs on/off, codec: ~5.5 min
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
@@ -52,6 +53,13 @@ for stage in "$@"; do
       timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --model /tmp/higgs-3b --requests "${WL_REQUESTS:-128}" \
         --out "$OUT/workload-higgs-3b.json" --plot "$OUT/workload-higgs-3b.png" 2> "$OUT/workload-higgs.log" | tail -3
       grep -E "^saturation|^load" "$OUT"/workload-*.log
+      ;;
+    stream-real)  # time to first audio with the family's real codec: Higgs 3B (its 24 kHz tokenizer), CSM 1B (Mimi)
+      for family in higgs_audio_v2 csm; do
+        python3 benchmarks/family_checkpoint.py $family /tmp/$family-full > /dev/null 2>&1
+        timeout "${STREAM_TIMEOUT:-250}" python3 -m speechctl.cli bench --stream --no-turn --model /tmp/$family-full --concurrency "${STREAM_CONC:-1,16,64}" \
+          --frames 128 --repeats 3 --out "$OUT/stream-$family.json" --plot "$OUT/stream-$family.png" 2> "$OUT/stream-$family.log" | tail -20
+      done
       ;;
     cfg)
       timeout "${CFG_TIMEOUT:-400}" python3 -m speechctl.cli bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,32,64,128}" --frames 256 \

@@ -21,7 +21,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--workload", is_flag=True, help="Latency under load: Poisson arrivals of mixed requests at several fractions of saturation.")
 @click.option("--rates", default="0.3,0.5,0.7,0.9,1.2", show_default=True, help="--workload: offered loads, as fractions of the saturated rate.")
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
-@click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload: a checkpoint (random weights where it has none); default: --shape.")
+@click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
 @click.option("--no-turn", is_flag=True, help="--stream: TTS only, skip the chat turn (Whisper + response LM).")
 @click.option("--asr-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's Whisper (default whisper-tiny.en).")
 @click.option("--lm-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's response LM (default tiny-lm).")
@@ -104,9 +104,15 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, 
     if stream:
         from speechctl.bench.stream import run_stream_bench
 
-        result = run_stream_bench(
-            shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides, log=lambda line: click.echo(line, err=True)
-        )
+        speech = _workload_speech(model, shape, overrides) if model else None
+        try:
+            result = run_stream_bench(
+                shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
+                speech=speech, log=lambda line: click.echo(line, err=True)
+            )
+        finally:
+            if speech is not None:
+                speech.close()
         save(result)
         if plot:
             from speechctl.bench.stream import plot_stream

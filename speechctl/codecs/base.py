@@ -15,6 +15,7 @@ Left context matters the same way at the start of a sequence. See ``run_exact_ba
 from __future__ import annotations
 
 import contextlib
+import threading
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Callable, Sequence
@@ -86,6 +87,7 @@ class Codec(ABC):
         # On CUDA the codec runs on a stream of its own: its results are waited for alone, not
         # behind the engine's next step that vLLM's async scheduling has already queued.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
 
@@ -178,9 +180,11 @@ class Codec(ABC):
             results[i] = output.numpy()
         return results
 
+    @contextlib.contextmanager
     def _on_own_stream(self):
-        """The codec's CUDA stream as the current one (a no-op context on the CPU)."""
-        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        """One call at a time, on the codec's CUDA stream (the CPU: just the lock)."""
+        with self._lock, (torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()):
+            yield
 
     # ---- receptive fields ----
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from speechctl.engine.runtime.graphs import StepGraphs, compile_per_step_work, step_graphs_enabled
+from speechctl.engine.runtime.graphs import StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
 from speechctl.engine.runtime.guidance import find_pairs, guide, pair_primary
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.repetition import redraw_repeats
@@ -49,6 +49,7 @@ class StreamRuntime:
         self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built
         self.rows: ScheduledRows | None = None
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
+            allow_variants()
             self._input_step = torch.compile(self._input_step, dynamic=True)
             self._sample_step = torch.compile(self._sample_step, dynamic=True)
         # CUDA graphs of the per-step work, set up once vLLM's batch sizes are known

@@ -159,8 +159,10 @@ class ArNarEngine:
         for s in in_nar:
             del self._in_nar[id(s)]
 
-    def generate_steps(self, requests: Iterable[StreamRequest]) -> Iterator[list[StreamOutput]]:
-        """As ``SpeechEngine.generate_steps``: at most twice the AR stage's capacity queued."""
+    def generate_steps(self, requests: Iterable[StreamRequest], every_step: bool = False) -> Iterator[list[StreamOutput]]:
+        """As ``SpeechEngine.generate_steps``: at most twice the AR stage's capacity queued; every
+        step's outputs, empty ones too, with ``every_step`` (``Speech.run_requests`` collects
+        decoded audio between steps)."""
         pending = iter(requests)
         exhausted = False
         while True:
@@ -173,7 +175,7 @@ class ArNarEngine:
             if exhausted and not self.has_work():
                 return
             outputs = self.step()
-            if outputs:
+            if outputs or every_step:
                 yield outputs
 
     def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
