@@ -15,8 +15,9 @@ for the big shapes), then per concurrency c, ``repeats`` times after a warm-up:
   finish step after step and NAR batches run while vLLM decodes the rest (the overlap).
 
 Codebook 1 / the delay model's codebooks sampled at temperature 0.9, top-k 50; the NAR greedy,
-as VALL-E. Each step's finished requests decoded by the checkpoint's codec in one call, as
-``Speech.run`` does; figures include the codec.
+as VALL-E. Each step's finished requests decoded by the checkpoint's codec in one call off the
+step loop (``codecs/worker.py``: on CUDA a worker thread on the codec's stream), as ``Speech.run``
+does; figures include the codec.
 
 Reported per row: frames/s and audio-s/s (the median run), time to last audio per request
 (submission to decoded audio: median and max over the repeats' requests); for AR+NAR also when
@@ -127,7 +128,17 @@ def _placeholder_weights(path: Path) -> None:
 
 def _run(speech, sizes: list[int]) -> dict:
     """One run: requests of ``sizes`` frames submitted at once, stepped to the end, each step's
-    finished ones decoded together. Times from the submission."""
+    finished ones decoded together off the step loop. Times from the submission."""
+    from speechctl.codecs.worker import DecodeQueue
+
+    decodes = DecodeQueue(speech.codec)
+    try:
+        return _stepped(speech, sizes, decodes)
+    finally:
+        decodes.close()
+
+
+def _stepped(speech, sizes: list[int], decodes) -> dict:
     from speechctl.errors import EngineError
 
     engine, prompts = speech.engine, speech.prompts
@@ -150,9 +161,9 @@ def _run(speech, sizes: list[int]) -> dict:
             if c.shape[1] != out.tag:
                 raise EngineError(f"expected {out.tag} frames, got {c.shape[1]}")
             codes.append(c)
-        if codes:
-            speech.codec.decode(codes)  # to the host: the audio is there
-            done += [time.perf_counter() - start] * len(codes)
+        decodes.submit([None] * len(codes), codes)
+        done += [time.perf_counter() - start for _ in decodes.ready()]  # on the host: the audio is there
+    done += [time.perf_counter() - start for _ in decodes.ready(wait=True)]
     run = {"wall_s": done[-1], "ttla_s": done}
     if ar is not None:
         after = _counters(engine)
