@@ -93,7 +93,8 @@ class EngineChoice:
         key = ("speech", self.model, tuple(sorted(self.config.items())))
         speech = shared(key, lambda: Speech(self.model, engine_config=EngineConfig(**self.config)))
         if speech.checkpoint.name == "tiny":
-            _NOTICES.append("the built-in `tiny` model has random weights: its audio is noise (--model for a real checkpoint)")
+            _NOTICES.append(("speechctl's own voice is not in this install, so the default is " if self.model is None else "")
+                            + "the built-in `tiny` model, of random weights: its audio is noise (--model for a real checkpoint)")
         return speech
 
     def whisper(self):
