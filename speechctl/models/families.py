@@ -2,7 +2,7 @@
 
     checkpoint = open_checkpoint(path)   # a Family bound to the directory (models/family.py)
 
-Each family lives in its own folder (``generic/``, ``higgs/``, ``csm/``: family.py, model.py,
+Each family lives in its own folder (``generic/``, ``higgs/``, ``csm/``, ``valle/``: family.py, model.py,
 prompts.py, checkpoint.py); this registry imports only their family.py, which import neither
 torch nor vLLM.
 """
@@ -19,8 +19,9 @@ from speechctl.models.csm.family import FAMILY as CSM
 from speechctl.models.family import Checkpoint, Family, read_config
 from speechctl.models.generic.family import FAMILY as MULTISTREAM
 from speechctl.models.higgs.family import FAMILY as HIGGS_AUDIO_V2
+from speechctl.models.valle.family import FAMILY as VALLE
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (MULTISTREAM, HIGGS_AUDIO_V2, CSM)}
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (MULTISTREAM, HIGGS_AUDIO_V2, CSM, VALLE)}
 
 
 def as_dict(config) -> dict[str, Any]:
