@@ -151,7 +151,11 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
         codec_model = _unpack_into(codec_model, "codec-model", work / "codec-model")
     ckpt = work / "lm"
     if resume is not None:
-        _unpack_into(resume, "lm", ckpt)
+        if (Path(resume) / "lm.sha256").is_file():
+            _unpack_into(resume, "lm", ckpt)
+        elif not (ckpt / "state.pt").is_file():
+            raise FileNotFoundError(f"nothing to resume: no lm.sha256 in {resume} and no {ckpt / 'state.pt'}")
+        # else: this machine's own checkpoint, from a call chained within its warm time
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
