@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, Guidance, Sampling
+from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import InputError, ModelError
 from speechctl.models.weights import WeightFiles, engine_view, select_weights
@@ -55,6 +55,7 @@ class GenerationDefaults:
     depth: Sampling | None = None  # a depth decoder's codebooks; None: as ``audio``
     max_frames: int | None = None  # None: DEFAULT_MAX_SECONDS of audio
     repetition: Repetition | None = None
+    guidance: Guidance | None = None  # classifier-free guidance in the family's convention; None: off
     source: str = "speechctl's defaults"
 
 
@@ -68,9 +69,14 @@ class CodecLocation:
 class CfgConvention:
     """How a family's reference defines classifier-free guidance, in speechctl's terms: the
     runtime merges ``l_u + s·(l_c − l_u)``; a reference that writes ``l_c + g·(l_c − l_u)`` (Dia)
-    has ``scale_offset`` 1 (s = g + 1)."""
+    has ``scale_offset`` 1 (s = g + 1). ``above_one``: the reference guides only with a scale
+    above 1 (transformers' ``guidance_scale``; 1 is off, below 1 refused). ``filter_top_k``: it
+    keeps the conditional logits on the top-k of the guided ones, k its sampling top-k, in
+    greedy decoding too (Dia)."""
 
     scale_offset: float = 0.0
+    above_one: bool = False
+    filter_top_k: bool = False
 
 
 def read_generation_config(path: Path) -> dict | None:
@@ -121,6 +127,10 @@ class Family:
     def context_limit(self, config: Mapping[str, Any]) -> int:
         """Positions the model takes (config.json's ``max_position_embeddings``)."""
         return int(config.get("max_position_embeddings") or 1 << 20)
+
+    def encoder_positions(self, config: Mapping[str, Any]) -> int | None:
+        """An encoder-decoder family's longest encoder input; None for a decoder-only one."""
+        return None
 
     def defaults(self, generation: dict | None) -> GenerationDefaults:
         """The generation defaults of a checkpoint whose generation_config.json is ``generation``
@@ -198,14 +208,24 @@ class Checkpoint:
     def prompt_builder(self, tokenizer):
         return self.family.prompt_builder(self.spec, tokenizer)
 
-    def guidance(self, requested: Guidance) -> Guidance:
-        """A caller's guidance (its ``scale`` in the family's own convention, e.g. ``--cfg 3``)
-        as the runtime merges it; off stays off."""
+    def guidance(self, requested: Guidance | None = None, audio: Sampling | None = None) -> Guidance:
+        """A caller's guidance (its ``scale`` in the family's own convention, e.g. ``--cfg 3``;
+        None: the checkpoint's default) as the runtime merges it; off stays off. ``audio``: the
+        caller's audio sampling, whose top-k a filtering family's CFG filter takes."""
+        if requested is None:
+            requested = self.defaults.guidance or NO_GUIDANCE
         if not requested.enabled:
-            return requested
-        if self.family.cfg is None:
+            return NO_GUIDANCE
+        cfg = self.family.cfg
+        if cfg is None:
             raise InputError(f"{self.family.title} has no classifier-free guidance (its reference generates without it)")
-        return replace(requested, scale=requested.scale + self.family.cfg.scale_offset)
+        if cfg.above_one and requested.scale < 1:
+            raise InputError(f"{self.family.title} guides with a CFG scale above 1 (1 = off), got {requested.scale:g}")
+        top_k = requested.top_k
+        if cfg.filter_top_k and not top_k:
+            default = self.defaults.guidance.top_k if self.defaults.guidance else TRANSFORMERS_DEFAULTS["top_k"]
+            top_k = audio.top_k if audio is not None and audio.top_k else default
+        return replace(requested, scale=requested.scale + cfg.scale_offset, top_k=top_k)
 
 
 def read_config(path: Path) -> dict[str, Any]:

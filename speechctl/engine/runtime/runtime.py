@@ -103,6 +103,29 @@ class StreamRuntime:
         """The input work as one function of tensors (compiled on CUDA)."""
         return scheduled_inputs(self.table, self.spec, input_ids, query_start_loc, pos, num_rows)
 
+    def decoder_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, one_per_row: bool) -> torch.Tensor:
+        """[n] primary ids -> [n, K] auxiliary ids, from inside a model's forward (an
+        encoder-decoder family: vLLM hands its forward token ids and captures the forward whole
+        in a CUDA graph on pure decode steps, where Python does not run again). There the step is
+        one token per row (``one_per_row``: token i is row i) and only persistent buffers are
+        read; the sampling phase finds its rows itself (``locate_rows``)."""
+        if self.view is None:  # vLLM's profiling and warm-up runs
+            return torch.full((input_ids.shape[0], self.spec.num_codebooks), self.pattern.pad, dtype=torch.int64,
+                              device=input_ids.device)
+        if one_per_row:
+            return inputs_at(self.table, self.spec, input_ids, positions, self.table.row_slots[: input_ids.shape[0]])
+        return self.input_streams(input_ids)
+
+    def locate_rows(self) -> None:
+        """Each row's slot and last position for this step's sampling, from the runner's buffers
+        (for ``decoder_inputs``, whose forward may have been a graph replay)."""
+        if self.view is None:
+            self.rows = None
+            return
+        R = self.view.num_reqs()
+        qsl = self.view.query_start_loc(R).to(torch.int64)
+        self.rows = ScheduledRows(R, self.table.row_slots[:R], self.view.positions(None)[qsl[1:] - 1])
+
     # -- sample and record ---------------------------------------------------------------------
 
     @torch.profiler.record_function("speechctl.sample")
@@ -132,7 +155,8 @@ class StreamRuntime:
         the ``LiveSettings.sampling_flags``), so that on CUDA it compiles into a few fused kernels."""
         table, rules = self.table, self.rules
         step = rules.locate(table, slots, last_pos)
-        forced = rules.forced(step, table.max_frames[slots])
+        lead_in = None if table.lead_in is None else table.lead_in[slots, step.a.clamp(0, table.lead_in.shape[1] - 1)]
+        forced = rules.forced(step, table.max_frames[slots], lead_in)
         pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
         if given is None:
             aux_logits = aux_logits.float()
