@@ -111,6 +111,30 @@ class DelayPattern:
         out[mask] = codes.reshape(-1)  # row-major: each stream's T steps are contiguous
         return out.astype(np.int64)
 
+    def decoder_prompt(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """An encoder-decoder family's decoder prompt (Dia, MusicGen): an all-BOS start frame,
+        then T frames of ``codes`` [K, T] with stream k's frame f at position 1 + d_k + f. The
+        positions up to the lead's last frame are the prompt; the delayed streams' remaining
+        frames are forced on the first generated steps (as transformers' delay masks force them).
+        Returns ([T + 1, K] the prompt positions' tokens, [max_delay, K] the first generated steps'
+        forced tokens, -1 where free; None without codes)::
+
+            K=2, delays [0, 1], T=2        prompt        | generated
+            position                       0   1   2     | 0   1
+            stream 0                       B   c   c     | -   -
+            stream 1                       B   B   c     | c   -
+        """
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[0] != self.num_streams:
+            raise ValueError(f"expected codes of shape [{self.num_streams}, T], got {list(codes.shape)}")
+        K, T = codes.shape
+        frame = np.arange(T + 1 + self.max_delay)[:, None] - 1 - np.asarray(self.delays)[None, :]  # [positions, K]
+        steps = np.full(frame.shape, self.bos, dtype=np.int64)
+        inside = (frame >= 0) & (frame < T)
+        steps[inside] = codes.T[frame[inside], np.nonzero(inside)[1]]
+        steps[frame >= T] = -1
+        return (steps[: T + 1], steps[T + 1 :]) if T else (steps[:1], None)
+
     def revert(self, steps: np.ndarray) -> np.ndarray:
         """[K, S] interleaved steps -> [K, T] codes; raises if the layout is malformed."""
         steps = np.asarray(steps)
