@@ -6,8 +6,9 @@ transformers reference a batch of one guidance setting: its ``guidance_scale`` i
 two with a voice prompt (transformers' ``DiaProcessor`` encodes the waveform itself), requests
 ending by EOS at different steps; under default batching and under forced preemption (vLLM
 turns chunked prefill off for encoder-decoder models). The DAC codec (44.1 kHz) decodes and
-encodes as transformers' does; ``speechctl tts --model DIR`` with no flags takes Dia's CFG
-and codec (by hub id) from the checkpoint.
+encodes as transformers' does; ``speechctl tts --model nari-labs/Dia-1.6B-0626`` (the published
+layout, offline from a hub cache) with no flags takes Dia's weights, CFG, length and codec (by
+hub id) from the checkpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from published import into_hub_cache
+from published import DIA_CODEC_REPO, DIA_REPO, into_hub_cache, nari_like
 
 pytestmark = pytest.mark.engine
 DECODE_TOLERANCE = 1e-5  # max abs difference of float32 waveforms, relative to the peak
@@ -168,41 +169,49 @@ def test_codec_decode_equals_transformers(codec, processor):
         np.testing.assert_array_equal(codes, ref)
 
 
-def test_cli_takes_cfg_and_codec_from_the_checkpoint(tmp_path_factory, dia_path, hf_model, processor, monkeypatch):
-    """A published-like directory (no codec/: DAC by hub id from a local hub cache;
-    generation_config.json: greedy, guidance_scale 3, top_k 20): ``speechctl tts`` with no
-    sampling flags gives transformers' ``generate()`` with the checkpoint's defaults."""
-    import json
+def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, dia_path, processor, monkeypatch):
+    """nari-labs/Dia-1.6B-0626 as published (``published.nari_like``: shards, decoy copies of the
+    weights, the codec named by hub id in audio_tokenizer_config.json), in a hub cache offline:
+    ``speechctl tts --model nari-labs/Dia-1.6B-0626`` with no flags takes its weights by
+    transformers' rule, DAC from the hub cache, and generation_config.json's greedy decoding,
+    guidance scale 3 with the CFG filter at its top-k 20 and its length (max_new_tokens); the
+    codes equal transformers' ``generate()`` of that directory with that generation config."""
     import shutil
 
     from click.testing import CliRunner
+    from transformers import DiaForConditionalGeneration, GenerationConfig
 
     from speechctl.cli import cli
-    from speechctl.models.dia.family import DIA_CODEC
 
     cache = tmp_path_factory.mktemp("hf-hub")
-    into_hub_cache(cache, DIA_CODEC, dia_path / "codec")
     published = tmp_path_factory.mktemp("published") / "Dia-1.6B-0626"
-    shutil.copytree(dia_path, published, ignore=shutil.ignore_patterns("codec"))
-    generation = json.loads((published / "generation_config.json").read_text())
-    generation.update(do_sample=False, guidance_scale=3.0, top_k=20)
-    (published / "generation_config.json").write_text(json.dumps(generation))
+    shutil.copytree(dia_path, published)
+    nari_like(published, cache, generation={"do_sample": False, "guidance_scale": 3.0, "top_k": 20, "max_new_tokens": 42})
+    into_hub_cache(cache, DIA_REPO, published)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    described = CliRunner().invoke(cli, ["models", DIA_REPO], catch_exceptions=False)
+    text = " ".join(described.output.split())
+    for expected in ("model-00001-of-00002.safetensors, model-00002-of-00002.safetensors (by model.safetensors.index.json)",
+                     "dia-v1.pth, pytorch_model.bin", f"hub id {DIA_CODEC_REPO} (named in audio_tokenizer_config.json)",
+                     "audio greedy; CFG scale 3 (filter top-k 20); at most 26 frames", "sample_rate 44100", "layers 2",
+                     "missing nothing"):
+        assert expected in text, f"{expected!r} not in {text}"
+
     out = tmp_path_factory.mktemp("out")
     text = "[S1] Hello. [S2] Hi there."
-    result = CliRunner().invoke(cli, ["tts", text, "--model", str(published), "--max-seconds", "0.3", "-o",
-                                      str(out / "a.wav"), "--codes-out", str(out / "a.npy")], catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["tts", text, "--model", DIA_REPO, "-o", str(out / "a.wav"),
+                                      "--codes-out", str(out / "a.npy")], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     codes = np.load(out / "a.npy")
-    frames = int(np.ceil(0.3 * 44100 / 512))
-    inputs = processor(text=[text], return_tensors="pt")
-    from transformers import GenerationConfig
-
-    ref = hf_model.generate(**inputs, generation_config=GenerationConfig(**generation), max_new_tokens=frames + 16)
+    model = DiaForConditionalGeneration.from_pretrained(published).eval()  # transformers' own choice of files
+    ref = model.generate(**processor(text=[text], return_tensors="pt"),
+                         generation_config=GenerationConfig.from_pretrained(published))
     ref = ref[0, 1:].numpy()  # after the BOS frame
-    end = int(np.flatnonzero(ref[:, 0] == 1024)[0])
-    expected = np.stack([ref[d : d + end, c] for c, d in enumerate(hf_model.config.delay_pattern)])
+    ends = np.flatnonzero(ref[:, 0] == 1024)
+    end = int(ends[0]) if len(ends) else 42 - 16
+    expected = np.stack([ref[d : d + end, c] for c, d in enumerate(model.config.delay_pattern)])
     np.testing.assert_array_equal(codes, expected)
     from speechctl import api
 

@@ -79,6 +79,38 @@ class CfgConvention:
     filter_top_k: bool = False
 
 
+def processor_codec(path: Path, subdirs: tuple[str, ...], default: str | None = None) -> CodecLocation:
+    """Where a checkpoint's codec lives as transformers' processor finds it: a ``subdirs`` entry
+    inside the checkpoint, else what ``audio_tokenizer_config.json`` or ``processor_config.json``
+    names (a local directory, or a hub id resolved through the Hugging Face cache), else the
+    family's ``default`` (a hub id)."""
+    from speechctl.models.hub import is_hub_id, snapshot
+
+    for sub in subdirs:
+        if (path / sub / "config.json").is_file():
+            return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
+    named, where = default, "the family's codec"
+    for file, section in (("audio_tokenizer_config.json", None), ("processor_config.json", "audio_tokenizer")):
+        if not (path / file).is_file():
+            continue
+        try:
+            entry = json.loads((path / file).read_text())
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{path / file}: unreadable ({e})") from None
+        entry = entry.get(section) or {} if section else entry
+        if entry.get("audio_tokenizer_name_or_path"):
+            named, where = entry["audio_tokenizer_name_or_path"], f"named in {file}"
+            break
+    if named is None:
+        raise ModelError(f"{path}: no codec ({'/, '.join(subdirs)}/, or processor_config.json naming it)")
+    local = Path(named).expanduser()
+    if (local / "config.json").is_file():
+        return CodecLocation(local, f"{named} (local, {where})")
+    if is_hub_id(named):
+        return CodecLocation(snapshot(named), f"hub id {named} ({where}), from the Hugging Face cache")
+    raise ModelError(f"{path}: the codec {named!r} ({where}) is neither a directory nor a hub id")
+
+
 def read_generation_config(path: Path) -> dict | None:
     """generation_config.json as a dict; None if there is none."""
     file = Path(path) / "generation_config.json"
@@ -132,9 +164,19 @@ class Family:
         """An encoder-decoder family's longest encoder input; None for a decoder-only one."""
         return None
 
-    def defaults(self, generation: dict | None) -> GenerationDefaults:
+    def decoder_config(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The part of config.json that shapes the generating transformer (``speechctl models``):
+        the config itself, an encoder-decoder family's decoder config."""
+        return config
+
+    def codec_config(self, codec_config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The codec's own config within its directory's config.json (a model that carries its
+        codec inside keeps it under a key: CSM ``codec_config``, MusicGen ``audio_encoder``)."""
+        return codec_config.get("codec_config") or codec_config
+
+    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
         """The generation defaults of a checkpoint whose generation_config.json is ``generation``
-        (None: it has none, and speechctl's defaults apply)."""
+        (None: it has none, and speechctl's defaults apply) and whose config.json is ``config``."""
         if generation is None:
             return GenerationDefaults()
         return GenerationDefaults(audio=sampling_from(generation), source="generation_config.json")
@@ -203,7 +245,7 @@ class Checkpoint:
 
     @cached_property
     def defaults(self) -> GenerationDefaults:
-        return self.family.defaults(read_generation_config(self.path))
+        return self.family.defaults(read_generation_config(self.path), self.config)
 
     def prompt_builder(self, tokenizer):
         return self.family.prompt_builder(self.spec, tokenizer)

@@ -4,16 +4,13 @@ codec (DAC 44.1 kHz, not in the repository) lives."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from speechctl.engine.params import Guidance, Sampling
 from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
-from speechctl.errors import ModelError
-from speechctl.models.family import TRANSFORMERS_DEFAULTS, CfgConvention, CodecLocation, Family, GenerationDefaults, sampling_from
-from speechctl.models.hub import is_hub_id, snapshot
+from speechctl.models.family import TRANSFORMERS_DEFAULTS, CfgConvention, CodecLocation, Family, GenerationDefaults, processor_codec, sampling_from
 
 DIA_CODEC = "descript/dac_44khz"  # what DiaProcessor's audio tokenizer is loaded from
 FRAME_ID = 0  # the primary stream's token of a frame (Dia has no text stream)
@@ -56,6 +53,9 @@ class Dia(Family):
     def context_limit(self, config: Mapping[str, Any]) -> int:
         return int(config["decoder_config"].get("max_position_embeddings") or 3072)
 
+    def decoder_config(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
+        return config["decoder_config"]
+
     def encoder_positions(self, config: Mapping[str, Any]) -> int:
         return int(config["encoder_config"].get("max_position_embeddings") or 1024)
 
@@ -64,28 +64,17 @@ class Dia(Family):
         return {"decoder_start_token_id": int(config["decoder_config"]["bos_token_id"])}
 
     def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
-        """``codec/`` or ``audio_tokenizer/`` in the checkpoint, else what ``processor_config.json``
-        names (transformers' processor saves the audio tokenizer's id there), else DAC 44.1 kHz
-        by its hub id, from the Hugging Face cache."""
-        for sub in ("codec", "audio_tokenizer"):
-            if (path / sub / "config.json").is_file():
-                return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
-        named, where = DIA_CODEC, "Dia's codec"
-        file = path / "processor_config.json"
-        if file.is_file():
-            entry = (json.loads(file.read_text()).get("audio_tokenizer") or {}).get("audio_tokenizer_name_or_path")
-            if entry:
-                named, where = entry, f"named in {file.name}"
-        local = Path(named).expanduser()
-        if (local / "config.json").is_file():
-            return CodecLocation(local, f"{named} (local, {where})")
-        if is_hub_id(named):
-            return CodecLocation(snapshot(named), f"hub id {named} ({where}), from the Hugging Face cache")
-        raise ModelError(f"{path}: the codec {named!r} ({where}) is neither a directory nor a hub id")
+        """``codec/`` or ``audio_tokenizer/`` in the checkpoint, else what
+        ``audio_tokenizer_config.json`` (nari-labs/Dia-1.6B-0626's) or ``processor_config.json``
+        names, else DAC 44.1 kHz by its hub id, from the Hugging Face cache."""
+        return processor_codec(path, ("codec", "audio_tokenizer"), DIA_CODEC)
 
-    def defaults(self, generation: dict | None) -> GenerationDefaults:
-        """Its sampling (a temperature below 1 raised to 1, as Dia's generate does) and its CFG:
-        ``guidance_scale`` with the CFG filter at its ``top_k``."""
+    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
+        """Its sampling (a temperature below 1 raised to 1, as Dia's generate does), its CFG
+        (``guidance_scale`` with the CFG filter at its ``top_k``) and its length as Dia's
+        ``generate`` counts it (measured on transformers 5.19): ``max_new_tokens`` N steps after
+        the start frame hold N − max(delays) − 1 frames; ``max_length`` L, which its generate
+        extends by max(delays) and by the start frame, L − 1."""
         if generation is None:
             return GenerationDefaults()
         audio = sampling_from(generation)
@@ -94,7 +83,14 @@ class Dia(Family):
         scale = generation.get("guidance_scale")
         top_k = int(generation.get("top_k") or TRANSFORMERS_DEFAULTS["top_k"])
         guidance = Guidance(scale=float(scale), streams="audio", top_k=top_k) if scale and scale > 1 else None
-        return GenerationDefaults(audio=audio, guidance=guidance, source="generation_config.json")
+        delay = max(config["delay_pattern"]) if config else 15
+        frames = None
+        if generation.get("max_new_tokens"):
+            frames = int(generation["max_new_tokens"]) - delay - 1
+        elif generation.get("max_length"):
+            frames = int(generation["max_length"]) - 1
+        return GenerationDefaults(audio=audio, guidance=guidance, source="generation_config.json",
+                                  max_frames=frames if frames and frames > 0 else None)
 
 
 FAMILY = Dia()
