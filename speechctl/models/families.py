@@ -2,7 +2,7 @@
 
     checkpoint = open_checkpoint(path)   # a Family bound to the directory (models/family.py)
 
-Each family lives in its own folder (``generic/``, ``higgs/``, ``csm/``, ``dia/``: family.py, model.py,
+Each family lives in its own folder (``generic/``, ``higgs/``, ``csm/``, ``dia/``, ``musicgen/``: family.py, model.py,
 prompts.py, checkpoint.py); this registry imports only their family.py, which import neither
 torch nor vLLM.
 """
@@ -17,11 +17,12 @@ from speechctl.engine.streams import StreamSpec
 from speechctl.errors import ModelError
 from speechctl.models.csm.family import FAMILY as CSM
 from speechctl.models.dia.family import FAMILY as DIA
+from speechctl.models.musicgen.family import FAMILY as MUSICGEN
 from speechctl.models.family import Checkpoint, Family, read_config
 from speechctl.models.generic.family import FAMILY as MULTISTREAM
 from speechctl.models.higgs.family import FAMILY as HIGGS_AUDIO_V2
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (MULTISTREAM, HIGGS_AUDIO_V2, CSM, DIA)}
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (MULTISTREAM, HIGGS_AUDIO_V2, CSM, DIA, MUSICGEN)}
 
 
 def as_dict(config) -> dict[str, Any]:
