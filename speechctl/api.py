@@ -94,11 +94,26 @@ class Speech:
             yield from self.replicas.run(jobs)
             return
         failed: deque[Result] = deque()
-        requests = self._requests(iter(jobs), failed)
-        for outputs in self.engine.generate_steps(requests):
-            while failed:
-                yield failed.popleft()
-            yield from self._finish(outputs)
+        yield from self.run_requests(self._requests(iter(jobs), failed), failed)
+
+    def run_requests(self, requests: Iterable, failed: deque | None = None) -> Iterator[Result]:
+        """Prepared engine requests (``Speech.request``; benchmarks build fixed-length ones
+        tagged with their ``TtsJob``) through the engine, their audio decoded off the step loop
+        (``codecs/worker.py``); results as they land. ``failed``: results to hand out between
+        steps (jobs refused before they reached the engine)."""
+        from speechctl.codecs.worker import DecodeQueue
+
+        failed = failed if failed is not None else deque()
+        decodes = DecodeQueue(self.codec)
+        try:
+            for outputs in self.engine.generate_steps(requests, every_step=True):
+                while failed:
+                    yield failed.popleft()
+                yield from self._finish(outputs, decodes)
+                yield from self._decoded(decodes)
+            yield from self._decoded(decodes, wait=True)
+        finally:
+            decodes.close()
         while failed:
             yield failed.popleft()
 
@@ -192,7 +207,9 @@ class Speech:
         """The longest piece of text one request speaks (longer texts are cut: speechctl.text)."""
         return MAX_PIECE_CHARS
 
-    def _finish(self, outputs) -> Iterator[Result]:
+    def _finish(self, outputs, decodes) -> Iterator[Result]:
+        """Results that need no codec (ASR, failures); the step's finished TTS audio goes to
+        ``decodes`` as one batch."""
         speech_out, codes = [], []
         for out in outputs:
             tag, job = out.tag, getattr(out.tag, "job", out.tag)
@@ -215,9 +232,11 @@ class Speech:
                 codes.append(segment)
             else:
                 yield AsrResult(job.id, self.prompts.text(out))
-        if speech_out:
-            for tag, segment, wave in zip(speech_out, codes, self.codec.decode(codes)):
-                yield from self._tts_result(tag, segment, wave)
+        decodes.submit(list(zip(speech_out, codes)), codes)
+
+    def _decoded(self, decodes, wait: bool = False) -> Iterator[Result]:
+        for (tag, segment), wave in decodes.ready(wait):
+            yield from self._tts_result(tag, segment, wave)
 
     def _tts_result(self, tag, segment: np.ndarray, wave: np.ndarray) -> Iterator[TtsResult]:
         if not isinstance(tag, PartOf):

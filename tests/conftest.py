@@ -12,6 +12,9 @@ def _isolated_cache(tmp_path_factory):
     import os
 
     os.environ["SPEECHCTL_CACHE"] = str(tmp_path_factory.mktemp("speechctl-cache"))
+    # Tests that take the default model mean the random `tiny` (its layout, its speed), whether or
+    # not this install ships speechctl's voice; tests/test_voice_default.py unsets it.
+    os.environ["SPEECHCTL_MODEL"] = "tiny"
 
 
 @pytest.fixture(scope="session")

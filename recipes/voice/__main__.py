@@ -35,6 +35,11 @@ def main(argv=None) -> None:
     q.add_argument("--lm", default=".voice/unpacked/lm")
     q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
     q.add_argument("--out", default=".voice/model")
+    q.add_argument("--temperature", type=float, default=None, help="the voice's default sampling temperature")
+    q.add_argument("--top-k", type=int, default=None, help="the voice's default top-k")
+
+    q = sub.add_parser("ship", help="install an exported voice as speechctl's default (speechctl/voices/default/)")
+    q.add_argument("model", nargs="?", default=".voice/model")
 
     q = sub.add_parser("plot", help="loss curves of a checkpoint as PNG")
     q.add_argument("ckpt")
@@ -84,7 +89,16 @@ def main(argv=None) -> None:
     elif args.command == "export":
         from recipes.voice.stages import run_export
 
-        run_export(Path(args.lm), Path(args.codec_model), Path(args.out))
+        from recipes.voice.export import SAMPLING
+
+        sampling = {**SAMPLING, **({"temperature": args.temperature} if args.temperature is not None else {}),
+                    **({"top_k": args.top_k} if args.top_k is not None else {})}
+        run_export(Path(args.lm), Path(args.codec_model), Path(args.out), sampling=sampling)
+    elif args.command == "ship":
+        from recipes.voice.export import ship, sizes
+
+        dest = ship(Path(args.model))
+        print(f"{dest}: {sizes(dest)['total_bytes'] / 1e6:.1f} MB")
     elif args.command == "plot":
         from recipes.voice.checkpoint import read_record
         from recipes.voice.plots import plot_codec, plot_lm

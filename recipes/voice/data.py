@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -138,6 +139,18 @@ def _job(args):
     return utterance(text, config)
 
 
+@contextmanager
+def _synthesizer(workers: int):
+    """A function mapping (text, config) pairs to waves in order: inline for one worker, else a
+    pool of spawned processes. Not forked: a fork of a process whose torch already started its
+    OpenMP threads can hang in the child's first conv1d (seen under pytest, after other tests)."""
+    if workers <= 1:
+        yield lambda jobs: map(_job, jobs)
+        return
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
+        yield lambda jobs: pool.imap(_job, jobs, chunksize=16)
+
+
 # -- the data set ---------------------------------------------------------------------------------
 
 
@@ -180,13 +193,12 @@ def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours
     tmp.mkdir(parents=True)
     started = time.time()
     splits = {}
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers, initializer=_worker_init) as pool:
+    with _synthesizer(workers) as synthesize_all:
         for name, texts in (("train", train), ("heldout", corpus.heldout)):
             digest = hashlib.sha256()
             offsets, lengths, position = [], [], 0
             with open(tmp / f"{name}.pcm", "wb") as f:
-                for i, wave in enumerate(pool.imap(_job, ((t, config) for t in texts), chunksize=16)):
+                for i, wave in enumerate(synthesize_all((t, config) for t in texts)):
                     data = wave.tobytes()
                     f.write(data)
                     digest.update(data)

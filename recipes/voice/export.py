@@ -19,9 +19,16 @@ from recipes.voice.checkpoint import load_state, read_record
 from recipes.voice.config import Recipe
 
 
-def export(lm_dir: Path, codec_model_dir: Path, out: Path, work: Path | None = None) -> Path:
+# How the voice samples unless a user says otherwise (generation_config.json, which speechctl reads
+# as the checkpoint's defaults): a small LM said greedily loops and stalls; sampled from its top
+# codes it speaks. The values are chosen by the held-out WER after training (docs/voice.md).
+SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50}
+
+
+def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None) -> Path:
     """``lm_dir``: an LM checkpoint (state.pt + recipe.json); ``codec_model_dir``: the codec the
-    LM was trained on (``codec.save_codec_model``). Writes ``out`` (replaced)."""
+    LM was trained on (``codec.save_codec_model``); ``sampling``: the generation_config fields of
+    the voice's default sampling (default ``SAMPLING``). Writes ``out`` (replaced)."""
     import transformers
     from safetensors.torch import save_file
 
@@ -50,6 +57,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, work: Path | None = N
     if codec_config["n_codebooks"] != len(config.speechctl["delays"]) or \
             codec_config["codebook_size"] != config.speechctl["codebook_size"]:
         raise RuntimeError("the codec's codebooks are not the LM's")
+    (tmp / "generation_config.json").write_text(json.dumps(sampling or SAMPLING, indent=2) + "\n")
     (tmp / "speechctl.json").write_text(json.dumps({
         "recipe": recipe.to_dict(),
         "made_by": "recipes/voice (speechctl issue 20)",
@@ -63,6 +71,29 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, work: Path | None = N
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def ship(model_dir: Path, dest: Path | None = None) -> Path:
+    """Install an exported voice as the package's default (``speechctl/voices/default/``, kept
+    beside its README), replacing the one there; checked complete first."""
+    from speechctl.voices import is_shipped, voice_dir
+
+    model_dir, dest = Path(model_dir), Path(dest or voice_dir())
+    if not is_shipped(model_dir):
+        raise FileNotFoundError(f"{model_dir}: not an exported voice (config.json, model.safetensors, codec/)")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(model_dir, tmp)
+    readme = dest / "README.md"
+    if readme.is_file():
+        shutil.copy2(readme, tmp / "README.md")
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
 
 
 def sizes(path: Path) -> dict:

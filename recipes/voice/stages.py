@@ -182,7 +182,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     return ckpt
 
 
-def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None) -> Path:
+def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None) -> Path:
     from recipes.voice.codes import file_sha256
     from recipes.voice.export import export, sizes
 
@@ -191,7 +191,7 @@ def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None)
     have = file_sha256(Path(codec_model) / "model.safetensors")
     if want and want != have:
         raise RuntimeError(f"{codec_model} is not the codec {lm} was trained on (sha256 {have[:16]} vs {want[:16]})")
-    path = export(lm, codec_model, dest)
+    path = export(lm, codec_model, dest, sampling)
     info = sizes(path)
     print(json.dumps(info, indent=2))
     if out is not None:

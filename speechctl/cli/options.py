@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import click
 
@@ -22,6 +23,8 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not verbose:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:  # imported already (the Python API, tests): it read the environment then
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -90,7 +93,8 @@ class EngineChoice:
         key = ("speech", self.model, tuple(sorted(self.config.items())))
         speech = shared(key, lambda: Speech(self.model, engine_config=EngineConfig(**self.config)))
         if speech.checkpoint.name == "tiny":
-            _NOTICES.append("the built-in `tiny` model has random weights: its audio is noise (--model for a real checkpoint)")
+            _NOTICES.append(("speechctl's own voice is not in this install, so the default is " if self.model is None else "")
+                            + "the built-in `tiny` model, of random weights: its audio is noise (--model for a real checkpoint)")
         return speech
 
     def whisper(self):

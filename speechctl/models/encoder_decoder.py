@@ -124,16 +124,28 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
     condition), ``_decode(aux, positions, encoder_states) -> hidden`` and ``_heads(hidden)``."""
 
     decoder_name = "decoder"
+    cfg_filter = False  # Dia's CFG filter can reach this model (its family's convention)
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
         return None
 
-    def make_stream_runtime(self, spec: StreamSpec, vllm_config: VllmConfig, device: torch.device) -> None:
+    def make_stream_runtime(self, spec: StreamSpec, vllm_config: VllmConfig, device: torch.device, *,
+                            hidden_size: int) -> None:
+        """The per-step runtime; ``hidden_size``: the decoder's output width (the heads' input)."""
         self.spec = spec
         self.stream_runtime = StreamRuntime(spec, max_rows=vllm_config.scheduler_config.max_num_seqs,
                                             max_len=vllm_config.model_config.max_model_len, device=device)
+        self._hidden = (hidden_size, vllm_config.model_config.dtype)
         self._encoded_tags: list[int] = []
+
+    def record_step_graphs(self) -> int:
+        """Record the sampling phase's per-step CUDA graphs of every batch size now (start-up),
+        for the variants a CFG family meets: pairs live or not, with its filter or not. The input
+        phase has none of its own: it runs inside vLLM's graph of the forward."""
+        hidden_size, dtype = self._hidden
+        return self.stream_runtime.record_step_graphs(self._heads, None, hidden_size, dtype, guidance=True,
+                                                      repetition=False, cfg_filter=self.cfg_filter)
 
     def get_language_model(self) -> nn.Module:
         return getattr(self, self.decoder_name)

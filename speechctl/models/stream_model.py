@@ -131,6 +131,8 @@ class StreamModel(nn.Module, SupportsMultiModal):
     ``embed_multimodal`` and ``load_weights``."""
 
     backbone_name = "model"
+    supports_guidance = False  # CFG pairs can reach this model (its family's prompts build them)
+    supports_repetition = False  # repetition-aware sampling can (Higgs)
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
@@ -149,6 +151,13 @@ class StreamModel(nn.Module, SupportsMultiModal):
             max_len=vllm_config.model_config.max_model_len,
             device=device,
         )
+
+    def record_step_graphs(self) -> int:
+        """Record the runtime's per-step CUDA graphs of every batch size now (start-up), for the
+        variants this model can meet; the number recorded (0 without graphs)."""
+        dtype = next(self.parameters()).dtype
+        return self.stream_runtime.record_step_graphs(self._heads, self._embed_streams, self.config.hidden_size, dtype,
+                                                      guidance=self.supports_guidance, repetition=self.supports_repetition)
 
     def get_language_model(self) -> nn.Module:
         return getattr(self, self.backbone_name)

@@ -45,6 +45,7 @@ class _Live:
     text_sent: int = 0  # characters of the decoded text already reported
     samples: int = 0  # audio samples reported so far (all segments)
     open_segment: int | None = None  # the segment being decoded (decoder key (id, segment))
+    stream: bool = True  # False: one-shot, its audio decoded whole when it finishes
 
 
 class SpeechStreamer:
@@ -64,8 +65,10 @@ class SpeechStreamer:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def submit(self, job) -> None:
-        """A ``TtsJob``: validated, its voice prompt encoded, queued in the engine."""
+    def submit(self, job, stream: bool = True) -> None:
+        """A ``TtsJob``: validated, its voice prompt encoded, queued in the engine. With
+        ``stream`` False it runs one-shot beside the streamed ones: its whole audio comes as one
+        chunk when it finishes (decoded with the step's other finished one-shot jobs)."""
         from speechctl.jobs import validate
 
         error = validate(job)
@@ -75,22 +78,22 @@ class SpeechStreamer:
         codes = self.speech.codec.encode([job.voice])[0] if job.voice is not None else None
         requests = self.speech.requests_of(job, codes)
         if len(requests) == 1:
-            self.submit_request(job.id, requests[0])
+            self.submit_request(job.id, requests[0], stream=stream)
             return
         # A long text: its pieces stream together, passed on in order (speechctl.pieces)
         sequence = Sequence(job.id, requests[0].tag.whole.pieces, self.sample_rate)
         for request in requests:
             piece_id = (job.id, request.tag.index)
             self._sequences[piece_id] = sequence
-            self.submit_request(piece_id, request)
+            self.submit_request(piece_id, request, stream=stream)
 
-    def submit_request(self, id: str, request) -> None:
+    def submit_request(self, id: str, request, stream: bool = True) -> None:
         """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
-        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio))
+        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream)
         self._live[id] = live
-        self.engine.submit(dataclasses.replace(request, stream=True, tag=live))
+        self.engine.submit(dataclasses.replace(request, stream=stream, tag=live))
 
     def cancel(self, ids=None) -> None:
         """Stop requests (all by default; a long job's id stops all its pieces) now: aborted in the
@@ -121,12 +124,21 @@ class SpeechStreamer:
         frames: dict = {}
         ended: list = []
         finished: list[_Live] = []
+        whole: list[tuple[_Live, np.ndarray]] = []  # one-shot requests finished in this step
         for out in outputs:
             live = out.tag
             if not isinstance(live, _Live) or self._live.get(live.id) is not live:
                 continue  # cancelled meanwhile
             if out.error:
                 self._fail(live, f"{live.id}: {out.error}", events)
+                continue
+            if not live.stream:
+                try:
+                    (codes,) = self.speech.prompts.audio_segments(out, starts_in_audio=True)
+                except (SpeechctlError, ValueError) as e:
+                    self._fail(live, f"{live.id}: {e}", events)
+                    continue
+                whole.append((live, codes))
                 continue
             try:
                 for event in live.reader.feed(out.token_ids, out.aux):
@@ -153,6 +165,11 @@ class SpeechStreamer:
             if live is not None and len(chunk.audio):
                 events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
                 live.samples += len(chunk.audio)
+        if whole:
+            for (live, _), wave in zip(whole, self.speech.codec.decode([codes for _, codes in whole])):
+                events.append(self._chunk(live.id, wave, 0, last=False))
+                live.samples = len(wave)
+                finished.append(live)
         for live in finished:  # all its audio was decoded above: close it with an empty chunk
             del self._live[live.id]
             events.append(self._chunk(live.id, start=live.samples, last=True))

@@ -40,6 +40,19 @@ def compile_per_step_work() -> bool:
     return setting == "1" if setting else has_cuda()
 
 
+VARIANTS = 64  # compiled variants a per-step function may have (host facts x CSM's depth settings)
+
+
+def allow_variants() -> None:
+    """Let each compiled per-step function keep up to VARIANTS specializations: every host fact
+    it takes (CFG pairs live, Dia's filter, repetition, a depth decoder's sampling) is a guard,
+    and past torch's default of 8 a function silently falls back to eager (the "recompile
+    limit"), a stall and a slow path mid-run."""
+    import torch._dynamo.config as config
+
+    config.recompile_limit = max(config.recompile_limit, VARIANTS)
+
+
 def step_graphs_enabled(device: torch.device) -> bool:
     """On CUDA unless SPEECHCTL_STEP_GRAPHS=0 (the eager path, for comparison and debugging)."""
     return device.type == "cuda" and os.environ.get("SPEECHCTL_STEP_GRAPHS", "1") != "0"

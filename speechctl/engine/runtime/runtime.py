@@ -20,13 +20,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from speechctl.engine.runtime.graphs import StepGraphs, compile_per_step_work, step_graphs_enabled
+from speechctl.engine.runtime.graphs import StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
 from speechctl.engine.runtime.guidance import find_pairs, guide, pair_primary
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.repetition import redraw_repeats
 from speechctl.engine.runtime.rules import FrameRules
 from speechctl.engine.runtime.sampling import frame_sampler, sample_streams
-from speechctl.engine.runtime.slots import Admitted, Moved, SlotTable
+from speechctl.engine.runtime.slots import Admitted, LiveSettings, Moved, SlotTable
 from speechctl.engine.streams import StreamSpec
 
 
@@ -49,6 +49,7 @@ class StreamRuntime:
         self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built
         self.rows: ScheduledRows | None = None
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
+            allow_variants()
             self._input_step = torch.compile(self._input_step, dynamic=True)
             self._sample_step = torch.compile(self._sample_step, dynamic=True)
         # CUDA graphs of the per-step work, set up once vLLM's batch sizes are known
@@ -73,18 +74,22 @@ class StreamRuntime:
         token per row) replays it with the input gathering as one CUDA graph; other steps
         (prefill chunks, prompt audio: ``graphable=False``) run eagerly."""
         n = input_ids.shape[0]
-        graphs = self._input_graphs if graphable else None
-        if graphs is not None and self.view is not None and self.view.num_reqs() == n:
+        if graphable and self._input_graphs is not None and self.view is not None and self.view.num_reqs() == n:
             slots, pos = self.table.row_slots[:n], self.view.positions(n)
-
-            def step(ids, pos, slots):
-                return (embed(ids, inputs_at(self.table, self.spec, ids, pos, slots)),)
-
-            out = graphs.run(step, None, n, (input_ids, pos, slots), (0, 0, self.table.scratch))
+            out = self._graphed_embed(embed, input_ids, pos, slots)
             if out is not None:
                 self.rows = ScheduledRows(n, slots, pos)
-                return out[0]
+                return out
         return embed(input_ids, self.input_streams(input_ids))
+
+    def _graphed_embed(self, embed, input_ids, pos, slots):
+        """``embed`` of one token per row, replayed from the input graph of its bucket (None: no
+        bucket holds this many rows)."""
+        def step(ids, pos, slots):
+            return (embed(ids, inputs_at(self.table, self.spec, ids, pos, slots)),)
+
+        out = self._input_graphs.run(step, None, input_ids.shape[0], (input_ids, pos, slots), (0, 0, self.table.scratch))
+        return None if out is None else out[0]
 
     @torch.profiler.record_function("speechctl.input_streams")
     def input_streams(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -180,12 +185,20 @@ class StreamRuntime:
         return logits
 
     def _record(self, slots, g_next, real, tokens, frames) -> None:
-        """Write the tokens [R, K] and the audio's frame count of the rows whose sample is real."""
+        """Write the tokens [R, K] and the audio's frame count of the rows whose sample is real,
+        and the step's record for the host (readback.py)."""
         table = self.table
         w_slot = torch.where(real, slots, table.scratch)
         table.gen_aux[w_slot, g_next.clamp(0, table.max_len)] = tokens.to(torch.int32)
         table.n_gen.index_put_((w_slot,), g_next + 1)
         table.frames.index_put_((w_slot,), frames)
+        K, R = tokens.shape[1], tokens.shape[0]
+        record = table.readback.record
+        record[:R, :K] = tokens
+        record[:R, K] = slots
+        record[:R, K + 1] = g_next
+        record[:R, K + 2] = real.to(torch.int64) | (table.desync[slots] << 1)
+        record[:R, K + 3] = table.epoch[slots]
 
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
         """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens (see
@@ -214,26 +227,63 @@ class StreamRuntime:
         heads and ``sample`` (and, for CSM, the depth decoder). On CUDA it is replayed as one
         graph per batch-size bucket and per host-side sampling setting."""
         rows, graphs = self.rows, self._logits_graphs
-        if rows is None or graphs is None:
+        if rows is None:  # vLLM's profiling and warm-up runs
             return heads(hidden_states)
+        out = None
+        if graphs is not None:
 
-        def run(hidden, slots, last_pos):
-            self.rows = ScheduledRows(slots.shape[0], slots, last_pos)
-            return (heads(hidden),)
+            def run(hidden, slots, last_pos):
+                self.rows = ScheduledRows(slots.shape[0], slots, last_pos)
+                return (heads(hidden),)
 
-        inputs = (hidden_states, rows.slots, rows.last_pos)
-        out = graphs.run(run, self.table.settings.graph_key(), rows.num_rows, inputs, (None, self.table.scratch, 0))
-        if out is None:  # more rows than the largest bucket
+            inputs = (hidden_states, rows.slots, rows.last_pos)
+            out = graphs.run(run, self.table.settings.graph_key(), rows.num_rows, inputs, (None, self.table.scratch, 0))
+        if out is None:  # no graphs, or more rows than the largest bucket
             self.rows = rows
-            return heads(hidden_states)
-        self.rows = None
-        return out[0]
+            logits = heads(hidden_states)
+        else:
+            self.rows, logits = None, out[0]
+        self.table.readback.after_step(rows.num_rows)  # the step's tokens on their way to the host
+        return logits
 
     def use_step_graphs(self, sizes) -> None:
         """Replay the per-step work as CUDA graphs for batches of up to max(sizes) rows."""
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
             self._input_graphs, self._logits_graphs = self._graphs
+
+    def record_step_graphs(self, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool, repetition: bool,
+                           cfg_filter: bool = False) -> int:
+        """Record every bucket's graphs now, at start-up, rather than when a step first needs one:
+        the input graph (none where ``embed`` is None: an encoder-decoder model gathers its
+        inputs inside vLLM's graph of its forward), and the logits graph for each host-side
+        variant a workload of this model can meet (CFG pairs live or not where ``guidance``,
+        with Dia's CFG filter or not where ``cfg_filter``; repetition-aware sampling where
+        ``repetition``; the audio sampling is one general path on CUDA). Dummy rows sit in the
+        scratch slot, whose writes go nowhere. Returns the graphs recorded."""
+        if self._logits_graphs is None:
+            return 0
+        before = self.stats()["graph_captures"]
+        table, scratch = self.table, self.table.scratch
+        live = table.settings
+        pairings = [(False, False)] + ([(True, False)] if guidance else []) + ([(True, True)] if guidance and cfg_filter else [])
+        for size in self._logits_graphs.sizes:
+            slots = torch.full((size,), scratch, dtype=torch.int64, device=self.device)
+            zeros = torch.zeros(size, dtype=torch.int64, device=self.device)
+            if embed is not None:
+                self._graphed_embed(embed, zeros, zeros, slots)
+            hidden = torch.zeros(size, hidden_size, dtype=dtype, device=self.device)
+            for paired, filtered in pairings:
+                for ras in (False, True) if repetition else (False,):
+                    table.settings = LiveSettings(general_audio=live.general_audio)
+                    table.settings.paired, table.settings.repetition = int(paired), int(ras)
+                    table.settings.cfg_filter = int(filtered)
+                    self.rows = ScheduledRows(size, slots, zeros)
+                    try:
+                        self.graphed_logits(heads, hidden)
+                    finally:
+                        table.settings, self.rows = live, None
+        return self.stats()["graph_captures"] - before
 
     def set_step_graphs(self, enabled: bool) -> bool:
         """Switch the per-step graphs off (eager, for comparison) or back on; returns whether

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from speechctl.engine.params import Sampling, StreamParams
+from speechctl.engine.runtime.readback import Readback
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -68,12 +69,24 @@ class SamplingColumns:
                 (self.top_p, [s.top_p for s in samplings])]
 
 
+# Sampling flags under which ``sample_streams`` handles every row's settings (greedy or not, any
+# top-k, any top-p): the same tokens as the specialized paths (noise is keyed by token id).
+GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+
+
 class LiveSettings:
     """Host-side counts over the live requests' settings. They let the per-step work skip what no
     row needs (``sampling_flags``) and they key its graphs (``graph_key``); updated on admission
-    and release only."""
+    and release only.
 
-    def __init__(self):
+    With ``general_audio`` (on CUDA) the audio codebooks always take the general path: one
+    compiled function and one graph per batch size whatever the requests' sampling, so a workload
+    of varied settings records nothing after start-up (a full sort of one codebook's ~1k tokens
+    per row costs little beside the forward). A depth decoder's codebooks (CSM: 31 sampled one
+    after another) keep the specialized paths."""
+
+    def __init__(self, general_audio: bool = False):
+        self.general_audio = general_audio
         self.live = 0
         self.random = {False: 0, True: 0}  # rows sampling at temperature > 0: audio, depth
         self.top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}  # of rows that filter
@@ -100,6 +113,8 @@ class LiveSettings:
         """For ``sample_streams``: whether some / every live row samples at temperature > 0,
         whether some filters, the largest top-k among those (0 if one filters by top-p alone:
         then candidates need a full sort), whether some filters by top-p."""
+        if self.general_audio and not depth:
+            return dict(GENERAL_SAMPLING)
         random = self.random[depth]
         ks = [k for k, n in self.top_ks[depth].items() if n > 0]
         return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
@@ -143,6 +158,7 @@ class SlotTable:
         self.cfg_audio = full(False, torch.bool)
         self.cfg_top_k = full(0)
         self.desync = full(0)  # 1 once a paired row had no partner at its position
+        self.epoch = full(0)  # which claim of the slot this is (readback.py)
         self.ras_window = full(0)  # repetition-aware sampling: window (0 = off) and limit
         self.ras_max = full(0)
         K, pad = spec.num_codebooks, spec.pattern.pad
@@ -156,13 +172,15 @@ class SlotTable:
         if spec.prompt_streams:
             self.prompt_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
             self.lead_in = torch.full((n, max(1, spec.pattern.max_delay), K), -1, dtype=torch.int32, device=device)
+        self.readback = Readback(slots=n, max_rows=max_rows, max_len=max_len, num_codebooks=K, pad=pad, device=device)
+        self._claims = 0
 
         self.row_slots_host = np.full(max_rows, self.scratch, dtype=np.int64)
         self.row_slots = torch.full((max_rows,), self.scratch, dtype=torch.int64, device=device)
         self.slots: dict[str, int] = {}  # request key -> slot
         self._params: dict[int, StreamParams] = {}
         self._free = list(range(self.capacity - 1, -1, -1))
-        self.settings = LiveSettings()
+        self.settings = LiveSettings(general_audio=device.type == "cuda")
         self.resumed = 0  # requests that came back after preemption (kept their slot)
 
     # -- membership ----------------------------------------------------------------------------
@@ -227,6 +245,9 @@ class SlotTable:
     def _initialise(self, claimed: list[tuple[int, Admitted]]) -> None:
         """Write the claimed slots' columns: one host-to-device copy per dtype."""
         ps = [a.params for _, a in claimed]
+        epochs = list(range(self._claims + 1, self._claims + 1 + len(ps)))
+        self._claims += len(ps)
+        self.readback.claimed([slot for slot, _ in claimed], epochs)
         columns = [
             (self.prompt_len, [a.prompt_len for _, a in claimed]),
             (self.audio_start, [0 if p.starts_in_audio else NEVER for p in ps]),
@@ -238,6 +259,7 @@ class SlotTable:
             (self.partner, [self.scratch] * len(ps)),
             (self.cfg_top_k, [p.guidance.top_k for p in ps]),
             (self.desync, [0] * len(ps)),
+            (self.epoch, epochs),
             (self.ras_window, [p.repetition[0] if p.repetition else 0 for p in ps]),
             (self.ras_max, [p.repetition[1] if p.repetition else 0 for p in ps]),
             (self.cfg_scale, [p.guidance.scale for p in ps]),
@@ -295,15 +317,8 @@ class SlotTable:
 
     def collect(self, spans: list[tuple[str, int, int]]) -> list[tuple[np.ndarray, int]]:
         """[(key, start, end)] -> (the [end - start, K] auxiliary tokens of generated positions
-        start..end-1, desync flag) of each request, in one copy."""
-        if not spans:
-            return []
-        slots = torch.tensor([self.slots[k] for k, _, _ in spans], device=self.device)
-        first = min(start for _, start, _ in spans)
-        last = max(end for _, _, end in spans)
-        block = self.gen_aux[slots, first:last].cpu().numpy()
-        desync = self.desync[slots].cpu().numpy()
-        return [(block[i, start - first : end - first], int(desync[i])) for i, (_, start, end) in enumerate(spans)]
+        start..end-1, desync flag) of each request, read from the host's mirror (readback.py)."""
+        return self.readback.collect([(self.slots[k], start, end) for k, start, end in spans]) if spans else []
 
     def digest(self) -> str:
         """A hash of the whole state (every slot, stale ones included): equal on every

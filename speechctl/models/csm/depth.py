@@ -21,6 +21,7 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from speechctl.engine import vllm_compat
 from speechctl.engine.runtime import compile_per_step_work
+from speechctl.engine.runtime.graphs import allow_variants
 
 # transformers' separate projections -> (our fused projection, part)
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -125,6 +126,7 @@ class CsmDepthDecoder(nn.Module):
             is_neox_style=True,
         )
         if compile_per_step_work():  # ~100 small kernels per depth step, 31 steps per frame
+            allow_variants()
             self._run = torch.compile(self._run, dynamic=True)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -152,6 +152,7 @@ class DiaDecoder(nn.Module):
     ConditionProcessor, info=ConditionProcessingInfo, dummy_inputs=ConditionDummyInputsBuilder
 )
 class DiaForConditionalGeneration(EncoderDecoderModel):
+    cfg_filter = True
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -161,7 +162,8 @@ class DiaForConditionalGeneration(EncoderDecoderModel):
         self.decoder = DiaDecoder(decoder, vllm_config, "decoder")
         self.logits_dense = nn.Linear(decoder.hidden_size, decoder.num_channels * decoder.vocab_size, bias=False)
         self.vocab_size = decoder.vocab_size
-        self.make_stream_runtime(dia_spec(config.to_dict()), vllm_config, self.decoder.offsets.device)
+        self.make_stream_runtime(dia_spec(config.to_dict()), vllm_config, self.decoder.offsets.device,
+                                 hidden_size=decoder.hidden_size)
 
     def _encode(self, conditions: list[torch.Tensor]) -> list[torch.Tensor]:
         return self.encoder(conditions)

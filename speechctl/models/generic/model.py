@@ -47,6 +47,7 @@ def _backbone_class(model_type: str):
     CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
 )
 class MultiStreamForCausalLM(StreamModel):
+    supports_guidance = True
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config

@@ -31,8 +31,8 @@ What transformers' model and its ``generate`` do, and so what this file reproduc
 The DualFFN choice must reach the layers inside a forward that vLLM may capture in a CUDA graph:
 ``embed_input_ids`` (eager, before the forward) writes the per-token audio mask into the
 persistent buffer ``audio_mask`` [max_num_batched_tokens, 1], and every layer reads its first
-``num_tokens`` rows. Both branches are computed for every token and selected with ``where``
-(static shapes; costs the text MLP on audio tokens - see docs/families.md).
+``num_tokens`` rows. On CUDA the two MLPs are one top-1 mixture routed by that mask, so each
+token runs only its own MLP (``dual_mlp.py``); on the CPU both run and ``where`` picks.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaM
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
+from speechctl.engine import vllm_compat
+from speechctl.models.higgs.dual_mlp import DualMLP, load_dual_weights
 from speechctl.models.higgs.family import higgs_audio_v2_spec
 from speechctl.models.stream_model import (
     AudioCodebookEmbedding,
@@ -69,14 +71,20 @@ class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", audio_mask: torch.Tensor):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
-        self.audio_mlp = LlamaMLP(
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            hidden_act=config.hidden_act,
-            quant_config=self.get_quant_config(vllm_config),
-            bias=getattr(config, "mlp_bias", False),
-            prefix=f"{prefix}.audio_mlp",
-        )
+        self.grouped = vllm_compat.grouped_mlp_available() and not getattr(config, "mlp_bias", False)
+        if self.grouped:  # one MLP's work per token (dual_mlp.py); vLLM's text MLP goes
+            del self.mlp
+            rank, size = vllm_compat.tensor_parallel_rank_and_size()
+            self.dual_mlp = DualMLP(config.hidden_size, config.intermediate_size, rank, size)
+        else:
+            self.audio_mlp = LlamaMLP(
+                hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size,
+                hidden_act=config.hidden_act,
+                quant_config=self.get_quant_config(vllm_config),
+                bias=getattr(config, "mlp_bias", False),
+                prefix=f"{prefix}.audio_mlp",
+            )
         self.audio_input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.audio_post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.register_buffer("audio_mask", audio_mask, persistent=False)
@@ -98,6 +106,8 @@ class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
 
         text, residual = self.post_attention_layernorm(hidden_states, residual)
         audio = self.audio_post_attention_layernorm(residual)
+        if self.grouped:
+            return self.dual_mlp(text, audio, is_audio), residual
         hidden_states = torch.where(is_audio, self.audio_mlp(audio), self.mlp(text))
         return hidden_states, residual
 
@@ -106,6 +116,8 @@ class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
     CodesProcessor, info=CodesProcessingInfo, dummy_inputs=CodesDummyInputsBuilder
 )
 class HiggsAudioV2ForConditionalGeneration(StreamModel):
+    supports_repetition = True  # on by default: the published generation_config.json sets it
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -152,4 +164,7 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # A checkpoint converted with use_text_head=True carries text_lm_head; generation never uses it.
         weights = ((name, w) for name, w in weights if not name.startswith("text_lm_head."))
-        return AutoWeightsLoader(self).load_weights(weights)
+        dual = set()
+        if self.model.layers and getattr(self.model.layers[0], "grouped", False):
+            weights = load_dual_weights(weights, self.model.layers, dual)
+        return AutoWeightsLoader(self).load_weights(weights) | dual

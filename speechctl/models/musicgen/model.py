@@ -149,7 +149,8 @@ class MusicgenForConditionalGeneration(EncoderDecoderModel):
         K, V = decoder.num_codebooks, decoder.vocab_size
         self.lm_heads = nn.Linear(decoder.hidden_size, K * V, bias=False)  # transformers' K heads, stacked
         self.vocab_size, self.hidden_size = V, decoder.hidden_size
-        self.make_stream_runtime(musicgen_spec(config.to_dict()), vllm_config, self.decoder.offsets.device)
+        self.make_stream_runtime(musicgen_spec(config.to_dict()), vllm_config, self.decoder.offsets.device,
+                                 hidden_size=decoder.hidden_size)
 
     def _encode(self, conditions: list[torch.Tensor]) -> list[torch.Tensor]:
         """T5 (and the projection) on each real condition; zeros for a null one (ids -1)."""
