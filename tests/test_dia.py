@@ -100,6 +100,28 @@ def test_text_ids_equal_dia_tokenizer():
     assert dia_text_ids(text).tolist() == DiaTokenizer()(text).input_ids
 
 
+def test_captured_decode_reads_the_slot_table_before_attach():
+    """vLLM captures an encoder-decoder model's decode forward whole, at start-up, before the
+    runtime is attached: the one-token-per-row gather must read the slot table's persistent
+    buffers even then (a constant there would be replayed on every decode step on CUDA)."""
+    from speechctl.engine.runtime import StreamRuntime
+    from speechctl.models.dia.family import dia_spec
+
+    config = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15],
+              "decoder_config": {"bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025, "num_channels": 9,
+                                 "vocab_size": 1028}}
+    runtime = StreamRuntime(dia_spec(config), max_rows=4, max_len=16, device=torch.device("cpu"))
+    assert runtime.view is None  # not attached
+    table = runtime.table
+    table.row_slots[1] = 0
+    table.prompt_len[0] = 2
+    table.prompt_aux[0, 1] = torch.arange(9, dtype=torch.int32)
+    ids, positions = torch.zeros(2, dtype=torch.int64), torch.tensor([0, 1])
+    aux = runtime.decoder_inputs(ids, positions, one_per_row=True)
+    assert aux[1].tolist() == list(range(9)) and (aux[0] == 1025).all()  # row 0: the scratch slot's PAD
+    assert (runtime.decoder_inputs(ids, positions, one_per_row=False) == 1025).all()  # a profiling run
+
+
 def test_greedy_generation_equals_transformers(engine, hf_model, processor, codec):
     from speechctl.engine.params import Guidance
 

@@ -113,12 +113,15 @@ class StreamRuntime:
         encoder-decoder family: vLLM hands its forward token ids and captures the forward whole
         in a CUDA graph on pure decode steps, where Python does not run again). There the step is
         one token per row (``one_per_row``: token i is row i) and only persistent buffers are
-        read; the sampling phase finds its rows itself (``locate_rows``)."""
+        read; the sampling phase finds its rows itself (``locate_rows``). vLLM captures those
+        graphs at start-up, before the runtime is attached (every row then sits in the scratch
+        slot): the graph must gather from the table even then, or its replays would embed the
+        capture's constant."""
+        if one_per_row:
+            return inputs_at(self.table, self.spec, input_ids, positions, self.table.row_slots[: input_ids.shape[0]])
         if self.view is None:  # vLLM's profiling and warm-up runs
             return torch.full((input_ids.shape[0], self.spec.num_codebooks), self.pattern.pad, dtype=torch.int64,
                               device=input_ids.device)
-        if one_per_row:
-            return inputs_at(self.table, self.spec, input_ids, positions, self.table.row_slots[: input_ids.shape[0]])
         return self.input_streams(input_ids)
 
     def locate_rows(self) -> None:
