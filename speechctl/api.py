@@ -40,7 +40,6 @@ class Speech:
 
     def __init__(self, model: str | Path | None = None, *, engine_config=None, device: str | None = None):
         from speechctl.codecs import load_codec
-        from speechctl.engine.engine import SpeechEngine
         from speechctl.models.catalog import resolve_checkpoint
 
         self.checkpoint = resolve_checkpoint(str(model) if model is not None else None)
@@ -49,7 +48,8 @@ class Speech:
         if engine_config is not None and engine_config.data_parallel_size > 1:
             self._start_replicas(engine_config)
             return
-        self.engine = SpeechEngine(self.checkpoint, engine_config)
+        # the family's engine: one vLLM engine (SpeechEngine), or its stages around one (AR+NAR)
+        self.engine = self.checkpoint.family.engine(self.checkpoint, engine_config)
         self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
         self.codec = load_codec(self.checkpoint.codec_dir, device=device)

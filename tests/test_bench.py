@@ -20,6 +20,9 @@ def test_cfg_bench_runs_both_modes_with_fixed_lengths():
         # the efficiency against the physical limit: CFG(c) / (R(2c)/2), R measured at 2c in the same run
         assert row["cfg_efficiency"] == pytest.approx(row["cfg_frames_per_s"] / (row["plain_2c_frames_per_s"] / 2), rel=1e-2)
         assert row["cfg_limit"] == pytest.approx(row["plain_2c_frames_per_s"] / 2 / row["plain_frames_per_s"], rel=1e-2)
+        for mode in ("plain", "plain_2c", "cfg"):  # the scheduler's host time, per step of a run of >= 12 steps
+            assert 0 < row[f"{mode}_schedule_ms"] < row[f"{mode}_step_ms"] and row[f"{mode}_update_ms"] > 0
+            assert row[f"{mode}_step_ms"] * 12 <= row[f"{mode}_seconds"] * 1e3 * 1.01
     assert result["pair_violations"] == 0
     assert result["model"]["codebooks"] == 4 and len(lines) == 2
 
@@ -116,3 +119,24 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     assert row["requests"] == 4 and row["audio_s"] == result["saturation"]["audio_s"] > 0
     assert row["ttfa_p50_ms"] <= row["e2e_p50_ms"] and row["ttfa_p95_ms"] <= row["e2e_p95_ms"]
     assert result["graph_captures_timed"] == 0  # the CPU has no per-step graphs
+
+
+def test_arnar_bench_sets_both_models_side_by_side():
+    """AR+NAR and the delay model of the same backbone, a process each, in one result: equal and
+    spread lengths per concurrency, the AR+NAR rows with its stage timing."""
+    from speechctl.bench.arnar import lengths, run_arnar_bench
+
+    assert lengths(4, 16, "spread") == [16, 14, 12, 10] and lengths(2, 16, "equal") == [16, 16]
+    seen, lines = [], []
+    result = run_arnar_bench("tiny", concurrencies=(1, 3), frames=8, repeats=1, log=lines.append,
+                             partial=lambda r: seen.append(sorted(r["models"])))
+    assert result["errors"] == [] and seen == [["arnar"], ["arnar", "delay"]] and len(lines) == 2
+    assert result["models"]["arnar"]["delays"] == [0, 0, 0, 0] and result["models"]["delay"]["delays"] == [0, 1, 2, 3]
+    assert [r["concurrency"] for r in result["results"]] == [1, 3] and [r["concurrency"] for r in result["spread"]] == [3]
+    for row in result["results"] + result["spread"]:
+        assert row["arnar_frames_per_s"] > 0 and row["delay_frames_per_s"] > 0
+        assert row["frames_per_s_ratio"] == pytest.approx(row["arnar_frames_per_s"] / row["delay_frames_per_s"], rel=1e-2)
+        assert 0 < row["arnar_ar_end_s"] <= row["arnar_ttla_max_s"] and row["arnar_nar_batches"] >= 1
+        assert row["arnar_ar_step_ms_alone"] > 0 and row["arnar_handoff_ms_per_step"] >= 0
+    (spread,) = result["spread"]
+    assert spread["frames"] == [6, 8]

@@ -33,7 +33,10 @@ def run_cfg_bench(
     engine_overrides: dict | None = None,
     log=print,
 ) -> dict:
+    from speechctl.bench.host import SchedulerClock
+
     with ShapeEngine(shape, max_num_seqs=2 * max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
+        clock = SchedulerClock(bench.engine)
         rows = []
         guided = Guidance(scale=scale)
         modes = (("plain", 1, Guidance()), ("plain_2c", 2, Guidance()), ("cfg", 1, guided))  # (name, rows per c, guidance)
@@ -43,8 +46,13 @@ def run_cfg_bench(
             captures = bench.engine.stats()["graph_captures"]
             row = {"concurrency": count, "frames": frames}
             for mode, per, guidance in modes:
+                clock.reset()
                 times = [bench.timed(per * count, guidance) for _ in range(repeats)]
                 seconds = statistics.median(times)
+                host = clock.per_step_ms()
+                row[f"{mode}_step_ms"] = round(1e3 * sum(times) / max(1, host["steps"]), 4)  # wall time per step
+                row[f"{mode}_schedule_ms"] = host["schedule_ms"]  # host time in vLLM's scheduler, per step
+                row[f"{mode}_update_ms"] = host["update_from_output_ms"]
                 row[f"{mode}_seconds"] = round(seconds, 4)
                 row[f"{mode}_runs_s"] = [round(t, 4) for t in times]
                 row[f"{mode}_frames_per_s"] = round(per * count * frames / seconds, 1)
@@ -55,10 +63,12 @@ def run_cfg_bench(
             log(
                 f"c={count:4d}  plain {row['plain_frames_per_s']:10.1f}  plain(2c) {row['plain_2c_frames_per_s']:10.1f}  "
                 f"cfg {row['cfg_frames_per_s']:10.1f} frames/s  ratio {row['cfg_ratio']:.3f} (limit {row['cfg_limit']:.3f})  "
-                f"efficiency {row['cfg_efficiency']:.3f}"
+                f"efficiency {row['cfg_efficiency']:.3f}  scheduler ms/step: plain(2c) "
+                f"{row['plain_2c_schedule_ms'] + row['plain_2c_update_ms']:.3f}, cfg {row['cfg_schedule_ms'] + row['cfg_update_ms']:.3f}"
             )
             rows.append(row)
         stats = bench.engine.stats()
+        clock.close()
     return {
         "benchmark": "cfg",
         "model": describe(shape),

@@ -16,6 +16,8 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.command("bench")
 @click.option("--cfg", "cfg", is_flag=True, help="CFG vs no-CFG throughput.")
 @click.option("--stream", "stream", is_flag=True, help="Time to first audio and chat-turn latency, streaming vs one-shot.")
+@click.option("--arnar", is_flag=True, help="AR+NAR (VALL-E style) beside a delay-pattern model of the same backbone: frames/s and time to last audio.")
+@click.option("--nar", type=click.Choice(["own", "shared"]), default="own", show_default=True, help="--arnar: the NAR stage's layers, its own or the AR backbone's.")
 @click.option("--workload", is_flag=True, help="Latency under load: Poisson arrivals of mixed requests at several fractions of saturation.")
 @click.option("--rates", default="0.3,0.5,0.7,0.9,1.2", show_default=True, help="--workload: offered loads, as fractions of the saturated rate.")
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
@@ -38,9 +40,9 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, workload, rates, requests, model, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
-    plain vLLM, per-step graphs on vs off, batched codec), --cfg or --stream."""
+    plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
     from speechctl.bench.cfg import plot_cfg, run_cfg_bench
     from speechctl.errors import InputError
@@ -54,8 +56,22 @@ def command(cfg, stream, workload, rates, requests, model, no_turn, asr_model, l
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else None
-    if cfg + stream + workload > 1:
-        raise InputError("choose one benchmark: --cfg, --stream or --workload")
+    if cfg + stream + workload + arnar > 1:
+        raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")
+    if arnar:
+        if overrides:
+            raise InputError("--arnar: one device per model (no --tensor-parallel-size)")
+        from speechctl.bench.arnar import plot_arnar, run_arnar_bench
+        from speechctl.errors import EngineError
+
+        result = run_arnar_bench(shape, levels, frames, repeats, nar, log=lambda line: click.echo(line, err=True), partial=save)
+        save(result)
+        if plot and result["results"]:
+            plot_arnar(result, plot)
+        click.echo(json.dumps({"results": result["results"], "spread": result["spread"]}, indent=2))
+        if result["errors"]:
+            raise EngineError("; ".join(result["errors"]))
+        return
     if workload:
         from speechctl.bench.workload import plot_workload, run_workload_bench
 

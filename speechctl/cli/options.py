@@ -127,7 +127,7 @@ def sampling_options(fn):
     @click.option("--audio-temperature", type=click.FloatRange(0), default=None, help="Audio codebooks' temperature (0 = greedy); wins over --temperature.")
     @click.option("--audio-top-k", type=click.IntRange(0), default=None, help="Audio codebooks' top-k (0 = off).")
     @click.option("--audio-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Audio codebooks' top-p.")
-    @click.option("--depth-temperature", type=click.FloatRange(0), default=None, help="A depth decoder's codebooks (CSM): temperature (default: as the audio's when that is set, else the checkpoint's).")
+    @click.option("--depth-temperature", type=click.FloatRange(0), default=None, help="A depth decoder's codebooks (CSM): temperature (default: as the audio's when that is set, else the checkpoint's); an AR+NAR model's NAR stage (default: greedy).")
     @click.option("--depth-top-k", type=click.IntRange(0), default=None, help="A depth decoder's codebooks: top-k.")
     @click.option("--depth-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="A depth decoder's codebooks: top-p.")
     @click.option("--seed", type=click.IntRange(0), default=None, help="Seed for reproducible sampling.")

@@ -339,6 +339,11 @@ class SpeechEngine:
         scheduler = vllm_compat.engine_scheduler(self._vllm)
         return {**self._rpc("stats"), "pair_violations": getattr(scheduler, "pair_violations", 0)}
 
+    def scheduler(self):
+        """vLLM's scheduler of this engine (speechctl's pair scheduler where CFG pairs run); for
+        benchmarks and diagnostics, never for features (those go through vllm_compat)."""
+        return vllm_compat.engine_scheduler(self._vllm)
+
     def scheduler_requests(self) -> int:
         """Requests vLLM's scheduler still holds (0 once everything finished or was aborted)."""
         return len(vllm_compat.engine_scheduler(self._vllm).requests)

@@ -51,6 +51,11 @@ class PairScheduling:
         self._pair_of: dict[str, str] = {}  # request id -> partner request id
         self._id_of_key: dict[str, str] = {}
         self._step: dict | None = None
+        # what the last step's bookkeeping saw: a decode step that admits and finishes nothing
+        # leaves both alone, and then the O(requests) passes are skipped
+        self._added = 0
+        self._known = (-1, -1)  # (requests held, requests added) when finished pairs were last forgotten
+        self._ordered_running: list = []
         self.pair_violations = 0
         self.strict_pairs = os.environ.get("SPEECHCTL_STRICT_PAIRS") == "1"
         # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
@@ -69,6 +74,7 @@ class PairScheduling:
     # -- membership ------------------------------------------------------------------------------
 
     def add_request(self, request) -> None:
+        self._added += 1
         key, partner = pair_key(request)
         if key is not None and partner is not None:
             self._id_of_key[key] = request.request_id
@@ -102,8 +108,13 @@ class PairScheduling:
         import torch
 
         with torch.profiler.record_function("speechctl.pair_bookkeeping"):
-            self._forget_finished_pairs()
-            self._order_pairs()
+            # Requests only leave when their count drops or, in the same interval, others came.
+            if (len(self.requests), self._added) != self._known:
+                self._forget_finished_pairs()
+                self._known = (len(self.requests), self._added)
+            if self.waiting or self.running != self._ordered_running:  # list == compares by identity first: C speed
+                self._order_pairs()
+                self._ordered_running = list(self.running)
         self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set(), "encoder": 0}
         with self._allocation.replaced_by(self._paired_allocate):
             try:

@@ -142,6 +142,7 @@ def describe_model(name: str | None) -> dict:
         missing.append(str(e))
     except (OSError, ValueError) as e:
         missing.append(f"codec: {e}")
+    info.update(checkpoint.family.describe(config))  # a family's own lines (AR+NAR: its two stages)
     info["context_limit"] = checkpoint.context_limit
     info["generation_defaults"] = describe_defaults(checkpoint.defaults)
     info["missing"] = "; ".join(missing) or "nothing"

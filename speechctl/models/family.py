@@ -141,6 +141,9 @@ class Family:
     model_class: str  # the vLLM model, "module:Class" (registered lazily by string)
     prompts: str  # the prompt builder, "module:Class": Class(spec, tokenizer)
     cfg: CfgConvention | None = None  # None: the reference generates without guidance
+    # what runs its requests, "module:Class"(checkpoint, config): one vLLM engine, or a family's
+    # stages around one (AR+NAR: models/valle/two_stage.py)
+    engine_class = "speechctl.engine.engine:SpeechEngine"
 
     def spec(self, config: Mapping[str, Any]) -> StreamSpec:
         raise NotImplementedError
@@ -184,6 +187,16 @@ class Family:
     def prompt_builder(self, spec: StreamSpec, tokenizer):
         module, name = self.prompts.split(":")
         return getattr(importlib.import_module(module), name)(spec, tokenizer)
+
+    def engine(self, checkpoint: Checkpoint, config=None):
+        """The engine that runs this family's requests (``speechctl.api.Speech`` asks): one vLLM
+        engine, or a family's own stages around it (``engine_class``)."""
+        module, name = self.engine_class.split(":")
+        return getattr(importlib.import_module(module), name)(checkpoint, config)
+
+    def describe(self, config: Mapping[str, Any]) -> dict[str, str]:
+        """What ``speechctl models DIR`` adds for this family (its stages, where they run)."""
+        return {}
 
 
 @dataclass(frozen=True)
