@@ -161,7 +161,7 @@ class Speech:
         ``pieces.PartOf``; ``speechctl.text`` cuts it)."""
         if not isinstance(job, TtsJob):
             return [self.request(job, codes)]
-        pieces = split_for_speech(job.text, self.max_piece_chars)
+        pieces = split_for_speech(job.text, self.max_piece_chars) if self.prompts.cuts_text else [job.text]
         if len(pieces) == 1:
             return [self.request(job, codes)]
         whole = Whole(job, pieces)
@@ -184,7 +184,7 @@ class Speech:
                 audio_sampling=job.audio_sampling or defaults.audio,
                 seed=job.seed,
                 max_frames=self.max_frames(job.max_seconds),
-                guidance=self.checkpoint.guidance(job.guidance),
+                guidance=self.checkpoint.guidance(job.guidance, job.audio_sampling),
                 tag=tag,
                 **({"repetition": repetition} if repetition else {}),
                 **({"voice_text": job.voice_text} if job.voice_text is not None else {}),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.params import GREEDY, Guidance, Sampling
 
 
 @dataclass
@@ -25,7 +25,7 @@ class TtsJob:
     depth_sampling: Sampling | None = None  # a depth decoder's codebooks (CSM); None: its default
     seed: int | None = None
     max_seconds: float | None = None  # None: the checkpoint's default length, else 20 s
-    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance, in the family's convention (1.0 = off)
+    guidance: Guidance | None = None  # classifier-free guidance, in the family's convention (1.0 = off); None: the checkpoint's
     # repetition-aware sampling (window, max_repeat); None: the checkpoint's; (0, 0): off
     repetition: tuple[int, int] | None = None
     codes_out: str | None = None  # where the batch runner writes the generated codes [K, T] (.npy)

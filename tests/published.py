@@ -10,6 +10,15 @@ Hugging Face hub cache laid out as the hub lays it out.
   to transformers' format — ``model.safetensors`` beside an older ``model.safetensors.index.json``
   whose shards (original names) are gone; no ``audio_tokenizer/``: ``processor_config.json``
   names the codec by hub id, and the codec lives in ``hub_cache``.
+* ``nari_like(path, hub_cache)``: nari-labs/Dia-1.6B-0626 — ``model-0000N-of-00002.safetensors``
+  with ``model.safetensors.index.json``, the same weights again as ``pytorch_model.bin`` and as
+  Nari's own ``dia-v1.pth`` (decoys here: other values); no codec: ``audio_tokenizer_config.json``
+  names ``descript/dac_44khz``, which lives in ``hub_cache``; ``preprocessor_config.json``,
+  ``tokenizer_config.json``, ``special_tokens_map.json``, ``generation_config.json``.
+* ``facebook_musicgen_like(path)``: facebook/musicgen-small — ``model.safetensors`` (EnCodec
+  inside) beside ``pytorch_model.bin`` and audiocraft's ``state_dict.bin`` and
+  ``compression_state_dict.bin`` (decoys), ``preprocessor_config.json``, the tokenizer files,
+  ``generation_config.json`` with its ``max_length``.
 * ``into_hub_cache(cache, repo_id, src)``: ``models--org--name/{blobs,snapshots/<rev>,refs/main}``.
 
 The models themselves are written by transformers' own classes (``save_pretrained``).
@@ -26,6 +35,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 HIGGS_CODEC_REPO = "bosonai/higgs-audio-v2-tokenizer"
+DIA_REPO, DIA_CODEC_REPO = "nari-labs/Dia-1.6B-0626", "descript/dac_44khz"
+MUSICGEN_REPO = "facebook/musicgen-small"
 GREEDY_CONFIG = {"do_sample": False}
 
 
@@ -100,6 +111,58 @@ def bosonai_like(path: Path, hub_cache: Path, generation: dict | None = None) ->
     (path / "generation_config.json").write_text(json.dumps(generation or {
         "do_sample": True, "temperature": 1.0, "top_k": 50, "top_p": 0.95, "ras_win_len": 7,
         "ras_win_max_num_repeat": 2}, indent=2))
+    return path
+
+
+def _decoys(tensors: dict, seed: int, rename=lambda n: n) -> dict:
+    """Other values of the same shapes: a checkpoint that loaded them would change every token."""
+    gen = torch.Generator().manual_seed(seed)
+    return {rename(n): torch.randn(t.shape, generator=gen).to(t.dtype) for n, t in tensors.items()}
+
+
+def nari_like(path: Path, hub_cache: Path, generation: dict | None = None) -> Path:
+    """A save_pretrained Dia directory (with ``codec/``) rewritten as nari-labs/Dia-1.6B-0626 is
+    published (module doc); its codec moves into ``hub_cache`` as ``DIA_CODEC_REPO``."""
+    path = Path(path)
+    into_hub_cache(hub_cache, DIA_CODEC_REPO, path / "codec")
+    shutil.rmtree(path / "codec")
+    tensors = load_file(str(path / "model.safetensors"))
+    _reshard(path, "model")
+    torch.save(_decoys(tensors, 98), path / "pytorch_model.bin")
+    torch.save({"model": {n: t[:1].clone() for n, t in _decoys(tensors, 97, lambda n: n.removeprefix("model.")).items()}},
+               path / "dia-v1.pth")
+    (path / "audio_tokenizer_config.json").write_text(json.dumps(
+        {"audio_tokenizer_class": "DacModel", "audio_tokenizer_name_or_path": DIA_CODEC_REPO}, indent=2))
+    (path / "preprocessor_config.json").write_text(json.dumps(
+        {"feature_extractor_type": "DiaFeatureExtractor", "feature_size": 1, "hop_length": 512,
+         "padding_side": "right", "padding_value": 0.0, "processor_class": "DiaProcessor", "return_attention_mask": True,
+         "sampling_rate": 44100}, indent=2))
+    if not (path / "special_tokens_map.json").exists():
+        (path / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<pad>", "unk_token": "<pad>"}, indent=2))
+    (path / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025,
+        **(generation or {"do_sample": True, "temperature": 1.2, "top_k": 45, "top_p": 0.95, "guidance_scale": 3.0})},
+        indent=2))
+    return path
+
+
+def facebook_musicgen_like(path: Path, generation: dict | None = None) -> Path:
+    """A save_pretrained MusicGen directory rewritten as facebook/musicgen-small is published
+    (module doc)."""
+    path = Path(path)
+    tensors = load_file(str(path / "model.safetensors"))
+    torch.save(_decoys(tensors, 96), path / "pytorch_model.bin")
+    decoder = {n.removeprefix("decoder.model.decoder."): t for n, t in tensors.items() if n.startswith("decoder.")}
+    torch.save({"best_state": _decoys(decoder, 95)}, path / "state_dict.bin")  # audiocraft's LM
+    codec = {n.removeprefix("audio_encoder."): t for n, t in tensors.items() if n.startswith("audio_encoder.")}
+    torch.save({"best_state": _decoys(codec, 94)}, path / "compression_state_dict.bin")  # audiocraft's EnCodec
+    (path / "preprocessor_config.json").write_text(json.dumps(
+        {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,
+         "overlap": None, "padding_side": "left", "padding_value": 0.0, "processor_class": "MusicgenProcessor",
+         "return_attention_mask": True, "sampling_rate": 32000}, indent=2))
+    (path / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": 2048, "decoder_start_token_id": 2048, "pad_token_id": 2048,
+        **(generation or {"do_sample": True, "guidance_scale": 3.0, "max_length": 1500})}, indent=2))
     return path
 
 

@@ -190,3 +190,35 @@ def test_context_limit_is_the_checkpoints():
     assert EngineConfig(max_model_len=512).for_checkpoint(2048).max_model_len == 512
     with pytest.raises(EngineError, match="exceeds the checkpoint's 2048 positions"):
         EngineConfig(max_model_len=4096).for_checkpoint(2048)
+
+
+def test_dia_and_musicgen_defaults_are_their_generation_configs(tmp_path):
+    """The published generation configs (nari-labs/Dia-1.6B-0626: sampling at 1.2 / top-k 45 /
+    top-p 0.95 with guidance 3; facebook/musicgen-small: sampling, guidance 3, max_length 1500)
+    as speechctl's defaults; lengths as each family's ``generate`` counts them; ``--cfg`` in
+    the family's own convention."""
+    from speechctl.engine.params import Guidance, Sampling
+    from speechctl.errors import InputError
+    from speechctl.models.dia.family import FAMILY as DIA
+    from speechctl.models.family import Checkpoint
+    from speechctl.models.musicgen.family import FAMILY as MUSICGEN
+
+    dia_config = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15]}
+    published = {"do_sample": True, "temperature": 1.2, "top_k": 45, "top_p": 0.95, "guidance_scale": 3.0}
+    dia = DIA.defaults(published, dia_config)
+    assert dia.audio == Sampling(1.2, 45, 0.95) and dia.guidance == Guidance(3.0, "audio", 45) and dia.max_frames is None
+    assert DIA.defaults({**published, "max_new_tokens": 42}, dia_config).max_frames == 26
+    assert DIA.defaults({**published, "max_length": 40}, dia_config).max_frames == 39
+    assert DIA.defaults({"do_sample": True, "temperature": 0.5}, dia_config).audio.temperature == 1.0  # raised to 1
+    musicgen = MUSICGEN.defaults({"do_sample": True, "guidance_scale": 3.0, "max_length": 1500}, {"decoder": {"num_codebooks": 4}})
+    assert musicgen.audio == Sampling(1.0, 50) and musicgen.guidance == Guidance(3.0, "audio") and musicgen.max_frames == 1497
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(published))
+    dia = Checkpoint(tmp_path, dia_config, DIA)
+    assert dia.guidance() == Guidance(4.0, "audio", 45)  # l_c + 3·(l_c − l_u) = l_u + 4·(l_c − l_u)
+    assert dia.guidance(Guidance(2.0, "audio"), Sampling(1.0, 20)) == Guidance(3.0, "audio", 20)
+    assert not dia.guidance(Guidance(1.0)).enabled
+    musicgen = Checkpoint(tmp_path, {"decoder": {"num_codebooks": 4}}, MUSICGEN)
+    assert musicgen.guidance() == Guidance(3.0, "audio") and musicgen.guidance(Guidance(1.5, "audio")).scale == 1.5
+    with pytest.raises(InputError, match="above 1"):
+        musicgen.guidance(Guidance(0.5, "audio"))

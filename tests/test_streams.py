@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from speechctl.engine.streams import DelayPattern, StreamSpec
+from speechctl.engine.streams import DelayPattern, StreamSpec, complete_frames
 
 LAYOUTS = {
     "musicgen": (0, 1, 2, 3),
@@ -30,6 +30,37 @@ def test_layout_matches_drawing():
     np.testing.assert_array_equal(
         steps, [[1, 2, E, P, P], [B, 3, 4, E, P], [B, B, 5, 6, E]]
     )
+
+
+@pytest.mark.parametrize("frames", [0, 1, 5, 17])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_decoder_prompt_round_trip(name, frames):
+    """An encoder-decoder prompt (start frame, audio, the delayed streams' forced first steps)
+    read back as generated steps gives the codes again."""
+    pattern = DelayPattern(LAYOUTS[name], codebook_size=32)
+    codes = np.random.default_rng(frames).integers(0, 32, (pattern.num_streams, frames))
+    prompt, forced = pattern.decoder_prompt(codes)
+    assert prompt.shape == (frames + 1, pattern.num_streams)
+    assert (prompt[0] == pattern.bos).all()
+    if not frames:
+        assert forced is None
+        return
+    assert forced.shape == (pattern.max_delay, pattern.num_streams)
+    steps = np.concatenate([prompt[1:], forced])  # what a stream holds after the start frame
+    np.testing.assert_array_equal(complete_frames(steps, pattern.delays), codes)
+    for k, d in enumerate(pattern.delays):
+        assert (prompt[1 : 1 + min(d, frames), k] == pattern.bos).all()
+        np.testing.assert_array_equal(forced[:, k] == -1, np.arange(pattern.max_delay) >= d)  # free from its delay on
+
+
+def test_decoder_prompt_matches_drawing():
+    p = DelayPattern((0, 1), codebook_size=10)
+    B = p.bos
+    prompt, forced = p.decoder_prompt(np.array([[1, 2], [3, 4]]))
+    np.testing.assert_array_equal(prompt, [[B, B], [1, B], [2, 3]])
+    np.testing.assert_array_equal(forced, [[-1, 4]])
+    with pytest.raises(ValueError):
+        p.decoder_prompt(np.zeros((3, 2), dtype=int))
 
 
 def test_revert_rejects_malformed_layouts():

@@ -338,3 +338,82 @@ def test_fused_moe_kernel_takes_the_dual_ffn_call():
     want = torch.where(ids.bool(), mlp(1), mlp(0))
     got = vllm_compat.grouped_mlp(x, w13, w2, ids).float()
     assert (got - want).norm() / want.norm() < 2e-2
+
+
+# -- the encoder-decoder path (Dia, MusicGen: speechctl/models/encoder_decoder.py) ------------
+
+
+def test_encoder_decoder_forward_gets_token_ids_and_encoder_outputs():
+    """vLLM never calls an encoder-decoder model's embed_input_ids: its forward gets token ids
+    and, in the step a request starts, ``encoder_outputs`` from ``embed_multimodal``."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    preprocess = inspect.getsource(GPUModelRunner._preprocess)
+    assert "self.supports_mm_inputs and is_first_rank and not is_encoder_decoder" in preprocess
+    assert 'model_kwargs.update({"encoder_outputs": encoder_outputs})' in preprocess
+
+
+def test_cross_attention_writes_the_starting_rows_in_row_order():
+    """Why EncoderDecoderModel._in_row_order sorts the encoder outputs: vLLM batches them in
+    scheduling order (``scheduled_encoder_inputs``) while the cross-attention slot mapping
+    takes the rows with encoder positions in row order (the batch fills its lowest free rows
+    with new requests first, then the resumed ones, then condenses); under preemption the two
+    orders differ, and without the sort test_dia's preemption run gave wrong tokens."""
+    from vllm.model_executor.layers.attention import cross_attention
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    batched = inspect.getsource(GPUModelRunner._batch_mm_inputs_from_scheduler)
+    assert "scheduled_encoder_inputs.items()" in batched
+    assert "np.nonzero(encoder_seq_lens)" in inspect.getsource(cross_attention._get_cross_slot_mapping)
+
+
+def test_encoder_decoder_models_capture_full_graphs_of_uniform_decode_only():
+    """forward_is_one_token_per_row reads the forward context: vLLM sets FULL_DECODE_ONLY for
+    encoder-decoder models, so a full graph is a uniform decode batch."""
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.forward_context import BatchDescriptor, ForwardContext
+
+    assert "FULL_DECODE_ONLY" in inspect.getsource(VllmConfig) and "is_encoder_decoder" in inspect.getsource(VllmConfig)
+    fields = {f.name for f in ForwardContext.__dataclass_fields__.values()}
+    assert {"cudagraph_runtime_mode", "batch_descriptor"} <= fields
+    assert "uniform" in BatchDescriptor.__dataclass_fields__ and CUDAGraphMode.FULL
+    assert vllm_compat.forward_is_one_token_per_row() is False  # no forward running here
+
+
+def test_scheduler_exposes_kv_groups_and_encoder_budget():
+    """The pair scheduler counts cross-attention blocks and encoder positions (kv_groups,
+    encoder_kv_tokens, encoder_capacity)."""
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init = inspect.getsource(Scheduler.__init__)
+    for attribute in ("self.kv_cache_config = ", "self.max_num_encoder_input_tokens", "self.encoder_cache_manager",
+                      "self.is_encoder_decoder"):
+        assert attribute in init, attribute
+    assert "num_free_slots" in inspect.getsource(EncoderDecoderCacheManager)
+    assert {"kv_cache_spec"} <= set(KVCacheGroupSpec.__dataclass_fields__) and "block_size" in CrossAttentionSpec.__dataclass_fields__
+    assert callable(Request.get_num_encoder_embeds)
+    assert "num_encoder_tokens" in inspect.signature(KVCacheManager.allocate_slots).parameters
+
+
+def test_encoder_decoder_processor_takes_our_decoder_start():
+    """speechctl's decoder prompts begin with their start frame; vLLM still asks the config for a
+    decoder start token (Family.hf_overrides) and prepends it unless told not to."""
+    from vllm.multimodal.processing import EncDecMultiModalProcessor
+
+    assert EncDecMultiModalProcessor.skip_decoder_start_token is False  # the attribute exists
+    from speechctl.models.encoder_decoder import ConditionProcessor
+
+    assert ConditionProcessor.skip_decoder_start_token is True
+
+
+def test_chunked_prefill_is_off_for_encoder_decoder_models():
+    """vLLM turns chunked prefill off for encoder-decoder models (no test can force it), so a
+    CFG pair's prefills each run whole."""
+    from vllm.config import SchedulerConfig
+
+    post_init = inspect.getsource(SchedulerConfig.__post_init__)
+    assert "if is_encoder_decoder:" in post_init and "self.enable_chunked_prefill = False" in post_init

@@ -200,6 +200,7 @@ class SamplingChoice:
                 depth = audio  # the depth decoder follows the audio flags unless --depth-* says otherwise
             else:
                 depth = None
-            return dict(audio_sampling=audio, depth_sampling=depth, seed=seed, guidance=replace(NO_GUIDANCE, **guidance))
+            return dict(audio_sampling=audio, depth_sampling=depth, seed=seed,
+                        guidance=replace(NO_GUIDANCE, **guidance) if guidance else None)  # None: the checkpoint's
         except ValueError as e:
             raise SpeechctlError(str(e)) from None

@@ -19,7 +19,9 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @click.option("--repetition-window", type=click.IntRange(0, 32), default=None, help="Repetition-aware sampling: window in steps (0 = off; default: the checkpoint's, e.g. Higgs' 7).")
 @click.option("--repetition-max", type=click.IntRange(1), default=None, help="Repetition-aware sampling: repeats within the window that force a redraw (default: the checkpoint's).")
 @click.option("--format", "fmt", type=click.Choice(["wav", "flac"]), default=None, help="Audio format (default: from the file name, else wav).")
-@click.option("--max-seconds", type=click.FloatRange(0, min_open=True), default=None, help="Longest audio to generate (default: the checkpoint's length, else 20 s).")
+@click.option("--max-seconds", "--seconds", "max_seconds", type=click.FloatRange(0, min_open=True), default=None,
+              help="Length of the audio: the most speech may take (it ends sooner where the model ends it), exactly "
+                   "this much music (MusicGen). Default: the checkpoint's length, else 20 s.")
 @sampling_options
 @engine_options
 @user_errors

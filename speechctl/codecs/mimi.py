@@ -33,14 +33,14 @@ def load_mimi(path: str | Path):
     codec_config.pop("model_type", None)
     model = MimiModel(MimiConfig(**codec_config))
     prefix = "codec_model."
-    state = {name[len(prefix) :]: w for name, w in _checkpoint_tensors(path, prefix)}
+    state = {name[len(prefix) :]: w for name, w in checkpoint_tensors(path, prefix)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{path}: codec_model weights do not fit Mimi (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return model
 
 
-def _checkpoint_tensors(path: Path, prefix: str):
+def checkpoint_tensors(path: Path, prefix: str):
     """(name, tensor) of every safetensors weight under ``prefix`` in a checkpoint directory."""
     from safetensors import safe_open
 

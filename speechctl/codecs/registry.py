@@ -16,6 +16,8 @@ CODEC_CLASSES: dict[str, str] = {
     "higgs_audio_v2_tokenizer": "speechctl.codecs.higgs:HiggsAudioV2Codec",
     "mimi": "speechctl.codecs.mimi:MimiCodec",
     "csm": "speechctl.codecs.mimi:MimiCodec",  # a CSM checkpoint holds its Mimi (codec_model.*)
+    "encodec": "speechctl.codecs.encodec:EncodecCodec",
+    "musicgen": "speechctl.codecs.encodec:EncodecCodec",  # a MusicGen checkpoint holds its EnCodec (audio_encoder.*)
 }
 
 

@@ -35,13 +35,14 @@ class EngineConfig:
     load_progress: bool = False  # vLLM's progress bar while loading weights
     load_format: str = "auto"  # "dummy": random weights without reading any (benchmarks)
 
-    def for_checkpoint(self, context_limit: int, dtype: str | None = None) -> "EngineConfig":
+    def for_checkpoint(self, context_limit: int, dtype: str | None = None, encoder_decoder: bool = False) -> "EngineConfig":
         """This config settled against a checkpoint that takes ``context_limit`` positions and
         stores its weights in ``dtype``: ``max_model_len`` its limit (at most DEFAULT_CONTEXT)
         when unset, and an explicit value past the limit refused here, in one line, rather than
         by vLLM; ``dtype`` "auto" the checkpoint's own (vLLM's CPU platform would run a float32
-        checkpoint in bfloat16, and its tokens would no longer be the reference's)."""
-        config = self
+        checkpoint in bfloat16, and its tokens would no longer be the reference's). vLLM's
+        encoder-decoder path has no prefix cache (its cross-attention blocks cannot be shared)."""
+        config = replace(self, enable_prefix_caching=False) if encoder_decoder else self
         if config.max_model_len is None:
             config = replace(config, max_model_len=min(context_limit, DEFAULT_CONTEXT))
         elif config.max_model_len > context_limit:

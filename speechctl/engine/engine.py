@@ -21,7 +21,7 @@ from speechctl.accelerator import has_cuda
 from speechctl.engine import vllm_compat
 from speechctl.engine.config import EngineConfig
 from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, Sampling, StreamParams
-from speechctl.engine.requests import StreamOutput, StreamRequest
+from speechctl.engine.requests import StreamOutput, StreamRequest, encoder_decoder_prompt
 from speechctl.engine.runtime import compile_per_step_work, slot_capacity
 from speechctl.engine.runtime.slots import HISTORY
 from speechctl.errors import EngineError
@@ -44,7 +44,8 @@ class SpeechEngine:
         self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
         self.model_dir = self.checkpoint.path
         self.spec = self.checkpoint.spec
-        self.config = self.config.for_checkpoint(self.checkpoint.context_limit, self.checkpoint.dtype)
+        encoder_decoder = self.checkpoint.family.encoder_positions(self.checkpoint.config) is not None
+        self.config = self.config.for_checkpoint(self.checkpoint.context_limit, self.checkpoint.dtype, encoder_decoder)
         vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=has_cuda())
         from vllm.engine.arg_utils import EngineArgs
 
@@ -113,14 +114,15 @@ class SpeechEngine:
                 continue
             cond = f"r{next(self._ids)}"
             guided = req.guidance.enabled
-            # (vLLM request id, prompt, audio items, conditional?, partner id)
-            members = [(cond, req.prompt_ids, req.audio_items, True, cond + "u" if guided else None)]
+            # (vLLM request id, prompt, audio items, conditional?, partner id, encoder input)
+            members = [(cond, req.prompt_ids, req.audio_items, True, cond + "u" if guided else None, req.encoder_ids)]
             if guided:  # the unconditional member: condition dropped, no audio items
-                members.append((cond + "u", req.uncond_prompt_ids, [], False, cond))
+                members.append((cond + "u", req.uncond_prompt_ids, [], False, cond, req.uncond_encoder_ids))
+            decoder_streams = _decoder_streams(req)
             seed = req.seed if req.seed is not None else secrets.randbits(63)
             history = self._audio_history(req) if req.repetition else ()
             try:
-                for member, prompt_ids, items, conditional, partner in members:
+                for member, prompt_ids, items, conditional, partner, encoder_ids in members:
                     params = StreamParams(
                         key=member,
                         seed=seed,
@@ -136,9 +138,10 @@ class SpeechEngine:
                         depth=req.depth,
                         repetition=req.repetition,
                         history=history if conditional else (),
+                        **decoder_streams,
                     )
                     sampling = self._sampling(req, params, max_tokens, stream=req.stream and conditional)
-                    self._vllm.add_request(member, _prompt(prompt_ids, items), sampling)
+                    self._vllm.add_request(member, _prompt(member, prompt_ids, items, encoder_ids), sampling)
                     self._live[member] = req
                     if partner is not None:
                         self._partner[member] = partner
@@ -203,6 +206,11 @@ class SpeechEngine:
             blocks, size = config.cache_config.num_gpu_blocks, config.cache_config.block_size
             if blocks and 2 * -(-prompt // size) > blocks - 1:  # both prompts' KV at once
                 raise EngineError(f"CFG prompt of {prompt} steps: both members' KV exceeds the KV cache")
+            if req.encoder_ids is not None:  # both members' encoder inputs run in one step
+                encoder_budget = max(budget, self.checkpoint.family.encoder_positions(self.checkpoint.config) or 0)
+                if 2 * len(req.encoder_ids) > encoder_budget:
+                    raise EngineError(f"CFG condition of {len(req.encoder_ids)} tokens: both members need "
+                                      f"{2 * len(req.encoder_ids)} > the encoder's {encoder_budget} per step")
         if req.repetition and not 0 <= req.repetition[0] <= HISTORY:
             raise EngineError(f"repetition window {req.repetition[0]} is past the longest speechctl keeps ({HISTORY})")
         excess = max(0, prompt + req.max_tokens - limit)
@@ -361,7 +369,18 @@ class SpeechEngine:
             vllm_compat.collect_dropped_engines()
 
 
-def _prompt(prompt_ids: list[int], audio_items: list) -> dict:
+def _decoder_streams(req: StreamRequest) -> dict:
+    """An encoder-decoder request's decoder-prompt tokens and lead-in, as ``StreamParams``
+    fields (tuples: the params are frozen)."""
+    if req.prompt_steps is None:
+        return {}
+    lead_in = () if req.lead_in is None else tuple(map(tuple, np.asarray(req.lead_in).tolist()))
+    return {"prompt_steps": tuple(map(tuple, np.asarray(req.prompt_steps).tolist())), "lead_in": lead_in}
+
+
+def _prompt(key: str, prompt_ids: list[int], audio_items: list, encoder_ids=None) -> dict:
+    if encoder_ids is not None:
+        return encoder_decoder_prompt(key, encoder_ids, prompt_ids)
     prompt = {"prompt_token_ids": list(prompt_ids)}
     if audio_items:
         prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in audio_items]}

@@ -61,6 +61,8 @@ class PairScheduling:
         # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
         # unpaired steps call vLLM's directly: no extra frames per request)
         self._allocation = vllm_compat.KvAllocation(self)
+        self._kv_groups = vllm_compat.kv_groups(self)  # (block size, cross-attention?) per KV group
+        self._decoder_groups = sum(not cross for _, cross in self._kv_groups)
         self._paired_allocate = lambda request, *a, **kw: self._allocate(request, a, kw)
         # Prefix-cache only prompt blocks. A generated block's KV depends on the auxiliary tokens
         # the model sampled, which vLLM's block hashes do not cover: two requests with the same
@@ -113,7 +115,7 @@ class PairScheduling:
             if self.waiting or self.running != self._ordered_running:  # list == compares by identity first: C speed
                 self._order_pairs()
                 self._ordered_running = list(self.running)
-        self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set()}
+        self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set(), "encoder": 0}
         with self._allocation.replaced_by(self._paired_allocate):
             try:
                 output = super().schedule(*args, **kwargs)
@@ -154,6 +156,7 @@ class PairScheduling:
             blocks = self._allocation.allocate(request, *args, **kwargs)
             if blocks is not None:
                 step["budget"] -= call["num_new_tokens"]
+                step["encoder"] += call.get("num_encoder_tokens", 0)
             return blocks
         partner = self.requests.get(self._pair_of[rid])
         if partner is None or partner.request_id in step["preempted"]:
@@ -164,6 +167,7 @@ class PairScheduling:
         if blocks is not None:
             step["scheduled"][rid] = call["num_new_tokens"]
             step["budget"] -= call["num_new_tokens"]
+            step["encoder"] += call.get("num_encoder_tokens", 0)
         return blocks
 
     def _room_for_both(self, request, partner, call, budget) -> bool:
@@ -172,9 +176,9 @@ class PairScheduling:
         free = vllm_compat.free_kv_blocks(self)
         if vllm_compat.is_running(request):
             partner_new = vllm_compat.uncomputed_tokens(partner)
-            if num_new == 1 and partner_new == 1 and budget >= 2 and free >= 2:
-                # A decode step: each member needs at most one new block (the common case, so
-                # skip counting the blocks they hold).
+            if num_new == 1 and partner_new == 1 and budget >= 2 and free >= 2 * self._decoder_groups:
+                # A decode step: each member needs at most one new block per group (the common
+                # case, so skip counting the blocks they hold).
                 return True
             self_blocks = self._new_blocks(request, request.num_computed_tokens + num_new)
         else:
@@ -182,17 +186,39 @@ class PairScheduling:
                 return False  # a pair's prefill is never split
             if len(self.running) + 2 > vllm_compat.max_running_requests(self):
                 return False
+            if not self._encoders_fit(request, partner, call):
+                return False
             partner_new = partner.num_tokens - partner.num_computed_tokens
-            self_blocks = -(-request.num_tokens // self.block_size)
+            self_blocks = self._new_blocks(request, request.num_tokens)
         if budget - num_new < partner_new:
             return False
         partner_blocks = self._new_blocks(partner, partner.num_computed_tokens + partner_new)
         return self_blocks + partner_blocks <= free
 
+    def _encoders_fit(self, request, partner, call) -> bool:
+        """Whether an encoder-decoder pair's two encoder inputs both run in this step: this
+        member's (already counted by vLLM, ``num_encoder_tokens``) and its partner's, within the
+        step's encoder budget and the encoder cache."""
+        mine = call.get("num_encoder_tokens", 0)
+        theirs = vllm_compat.encoder_kv_tokens(self, partner)
+        if not mine and not theirs:
+            return True
+        budget, free = vllm_compat.encoder_capacity(self)
+        return self._step["encoder"] + mine + theirs <= budget and mine + theirs <= free
+
     def _new_blocks(self, request, num_tokens: int) -> int:
-        """Blocks a request lacks to hold ``num_tokens`` (0 if it has them)."""
-        held = vllm_compat.held_kv_blocks(self, request) if vllm_compat.is_running(request) else 0
-        return max(0, -(-num_tokens // self.block_size) - held)
+        """Blocks a request lacks to hold ``num_tokens`` (0 if it has them), over its KV cache
+        groups: its (self-)attention groups, and an encoder-decoder request's cross-attention
+        group, which holds its encoder positions from the step it starts in."""
+        running = vllm_compat.is_running(request)
+        total = 0
+        for group, (size, cross) in enumerate(self._kv_groups):
+            if cross:
+                total += 0 if running else -(-vllm_compat.encoder_kv_tokens(self, request) // size)
+            else:
+                held = vllm_compat.held_kv_blocks(self, request, group) if running else 0
+                total += max(0, -(-num_tokens // size) - held)
+        return total
 
     def _preempt_request(self, request, *args, **kwargs):
         if self._step is not None:

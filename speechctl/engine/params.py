@@ -84,6 +84,11 @@ class StreamParams:
     # last steps of the prompt's audio ([steps][K]), the start of the window.
     repetition: tuple[int, int] | None = None
     history: tuple[tuple[int, ...], ...] = ()
+    # Encoder-decoder families: the stream tokens of the decoder prompt's positions ([P][K]),
+    # and the tokens the first generated steps must take ([D][K], -1: as the rules say), where
+    # an audio prompt continues past the prompt under the delay pattern (Dia).
+    prompt_steps: tuple[tuple[int, ...], ...] = ()
+    lead_in: tuple[tuple[int, ...], ...] = ()
 
     def to_extra_args(self) -> dict[str, Any]:
         """The object itself, not a dict of its fields: vLLM deep-copies and walks every

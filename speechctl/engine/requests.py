@@ -3,6 +3,7 @@ torch (prompt builders make requests; the API and the pipelines read outputs).""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,14 @@ class StreamRequest:
     stream: bool = False  # report new tokens every step, not only at the end
     depth: Sampling | None = None  # a depth decoder's codebooks (CSM); None: as ``audio``
     repetition: tuple[int, int] | None = None  # repetition-aware sampling: (window, max_repeat)
+    # Encoder-decoder families (Dia, MusicGen): the encoder's input ids, the unconditional CFG
+    # member's (same length; the condition dropped, as the family's reference drops it), the
+    # decoder prompt's stream tokens [P, K] and the first generated steps' forced tokens [D, K]
+    # (-1: by rule). The decoder prompt (``prompt_ids``) is then control tokens, one per position.
+    encoder_ids: np.ndarray | None = None
+    uncond_encoder_ids: np.ndarray | None = None
+    prompt_steps: np.ndarray | None = None
+    lead_in: np.ndarray | None = None
     tag: object = None  # the caller's handle, returned with the output
 
 
@@ -47,3 +56,18 @@ class StreamOutput:
     num_cached_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
     partner_cached_tokens: int = 0  # the same for a CFG pair's unconditional member
     finished: bool = True
+
+
+def condition_tag(key: str) -> int:
+    """A request key as a 56-bit integer, carried in its encoder input: vLLM hands an
+    encoder-decoder model the step's encoder outputs in scheduling order, which need not be the
+    batch's row order its cross-attention writes them in (``models/encoder_decoder.py``)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "little")
+
+
+def encoder_decoder_prompt(key: str, encoder_ids, decoder_ids: list[int]) -> dict:
+    """vLLM's prompt of an encoder-decoder request: the encoder's input ids as its encoder
+    prompt's one multimodal item (with the request's tag), the decoder prompt as token ids."""
+    item = (np.asarray(encoder_ids, dtype=np.int64), condition_tag(key))
+    return {"encoder_prompt": {"prompt_token_ids": [0], "multi_modal_data": {"audio": item}},
+            "decoder_prompt": {"prompt_token_ids": list(decoder_ids)}}

@@ -111,6 +111,30 @@ class DelayPattern:
         out[mask] = codes.reshape(-1)  # row-major: each stream's T steps are contiguous
         return out.astype(np.int64)
 
+    def decoder_prompt(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """An encoder-decoder family's decoder prompt (Dia, MusicGen): an all-BOS start frame,
+        then T frames of ``codes`` [K, T] with stream k's frame f at position 1 + d_k + f. The
+        positions up to the lead's last frame are the prompt; the delayed streams' remaining
+        frames are forced on the first generated steps (as transformers' delay masks force them).
+        Returns ([T + 1, K] the prompt positions' tokens, [max_delay, K] the first generated steps'
+        forced tokens, -1 where free; None without codes)::
+
+            K=2, delays [0, 1], T=2        prompt        | generated
+            position                       0   1   2     | 0   1
+            stream 0                       B   c   c     | -   -
+            stream 1                       B   B   c     | c   -
+        """
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[0] != self.num_streams:
+            raise ValueError(f"expected codes of shape [{self.num_streams}, T], got {list(codes.shape)}")
+        K, T = codes.shape
+        frame = np.arange(T + 1 + self.max_delay)[:, None] - 1 - np.asarray(self.delays)[None, :]  # [positions, K]
+        steps = np.full(frame.shape, self.bos, dtype=np.int64)
+        inside = (frame >= 0) & (frame < T)
+        steps[inside] = codes.T[frame[inside], np.nonzero(inside)[1]]
+        steps[frame >= T] = -1
+        return (steps[: T + 1], steps[T + 1 :]) if T else (steps[:1], None)
+
     def revert(self, steps: np.ndarray) -> np.ndarray:
         """[K, S] interleaved steps -> [K, T] codes; raises if the layout is malformed."""
         steps = np.asarray(steps)
@@ -148,6 +172,16 @@ class EndRules:
     * Higgs Audio v2 (``eos_lag=1``, ``open_vocab=True``): its ``generate`` masks nothing where a
       stream is free (BOS and EOS may come anywhere), any stream's EOS ends the audio, and the
       forced EOS comes one step after a stream's delay-shifted end.
+    * Dia (``eos_if_top=True``, ``stop_offset=0``): the lead stream may end only where EOS is its
+      most likely choice, and then must (its EOS channel filter); the request stops at the step
+      where the last stream takes its EOS.
+    * MusicGen (``end_token=False``, ``stop_offset=-1``): no stream samples an end; the audio ends
+      after ``max_frames`` frames, each stream takes PAD after its last code, and the request
+      stops with the last stream's last code.
+
+    The request stops (primary ``audio_eos_id``) at the first step where every stream is PAD
+    after the end, or, with ``stop_offset``, at audio step
+    ``frames + max(delays) + eos_lag + stop_offset``.
     """
 
     eos_lag: int = 0
@@ -155,10 +189,15 @@ class EndRules:
     # CSM: no stream ends by a token; the audio ends with (and includes) the first frame whose
     # codebooks, all but the last, hold this code (0): its primary token is audio_eos_id.
     eos_frame: int | None = None
+    eos_if_top: bool = False
+    end_token: bool = True  # False: the audio ends by length only, streams take PAD, no EOS
+    stop_offset: int | None = None
 
     def __post_init__(self):
         if self.eos_lag < 0:
             raise ValueError(f"eos_lag must be non-negative, got {self.eos_lag}")
+        if not self.end_token and (self.open_vocab or self.eos_if_top or self.stop_offset is None):
+            raise ValueError("an audio that ends by length alone needs a stop_offset and no sampled EOS")
 
 
 @dataclass(frozen=True)
@@ -182,6 +221,9 @@ class StreamSpec:
     # The primary token of audio steps once the audio is ending (Higgs: its "delay" token);
     # default audio_id. The step where every stream has ended then takes audio_eos_id.
     audio_flush_id: int | None = None
+    # Encoder-decoder families (Dia, MusicGen): the decoder prompt's positions carry stream
+    # tokens (the BOS frame, an audio prompt under the delay pattern), given per request.
+    prompt_streams: bool = False
 
     @property
     def num_codebooks(self) -> int:

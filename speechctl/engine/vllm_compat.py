@@ -15,8 +15,11 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 * ``CodesProcessorHooks`` / ``CodesDummyHooks`` / ``token_processor_inputs``: multimodal
   processor hooks whose names changed between 0.26 and 0.32 (audio arrives as codec codes).
 * scheduler internals for ``engine/pairs.py``: ``KvAllocation``, ``cache_prompt_blocks_only``,
-  ``free_kv_blocks``, ``held_kv_blocks``, ``uncomputed_tokens``, ``is_running``,
-  ``max_running_requests``, ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
+  ``free_kv_blocks``, ``held_kv_blocks``, ``kv_groups``, ``encoder_kv_tokens``,
+  ``encoder_capacity``, ``uncomputed_tokens``, ``is_running``, ``max_running_requests``,
+  ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
+* ``forward_is_one_token_per_row``: whether an encoder-decoder model's forward is being
+  captured as a full CUDA graph of a uniform decode batch.
 * engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
   ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
   ``check_independent_replica`` (never in a vLLM DP group), ``stop_worker_processes`` (0.26 keeps
@@ -123,6 +126,22 @@ def other_engines_keep_their_graphs():
         for wrapper, entries in saved:
             for key, entry in entries.items():
                 wrapper.concrete_cudagraph_entries.setdefault(key, entry)
+
+
+def forward_is_one_token_per_row() -> bool:
+    """Whether the forward being run is a full CUDA graph of a uniform decode batch (one token
+    per request, request i in row i; vLLM's ``FULL_DECODE_ONLY`` mode, which it sets for
+    encoder-decoder models): read from the forward context (0.26 and 0.32:
+    ``cudagraph_runtime_mode``, ``batch_descriptor.uniform``). Such a forward runs its Python
+    once, at capture, so what it computes must not depend on the step's host-side batch."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return False
+    context = get_forward_context()
+    descriptor = context.batch_descriptor
+    return context.cudagraph_runtime_mode == CUDAGraphMode.FULL and descriptor is not None and descriptor.uniform
 
 
 def kernel_on_cuda(op, x):
@@ -395,11 +414,36 @@ def free_kv_blocks(scheduler) -> int:
     return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
 
-def held_kv_blocks(scheduler, request) -> int:
-    """KV blocks a running request holds (its first KV group: speechctl's models have one).
-    ``get_blocks`` hands out the held lists as they are; ``get_block_ids`` would copy them (this
-    runs for every pair every step)."""
-    return len(scheduler.kv_cache_manager.get_blocks(request.request_id).blocks[0])
+def held_kv_blocks(scheduler, request, group: int = 0) -> int:
+    """KV blocks a running request holds in KV cache group ``group``. ``get_blocks`` hands out
+    the held lists as they are; ``get_block_ids`` would copy them (this runs for every pair
+    every step)."""
+    return len(scheduler.kv_cache_manager.get_blocks(request.request_id).blocks[group])
+
+
+def kv_groups(scheduler) -> list[tuple[int, bool]]:
+    """(block size, holds cross-attention) of each of the scheduler's KV cache groups (0.26
+    and 0.32: ``kv_cache_config.kv_cache_groups``; an encoder-decoder model has a
+    cross-attention group beside its self-attention one, whose block size vLLM may scale up so
+    that both groups' pages are equal)."""
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+    return [(g.kv_cache_spec.block_size, isinstance(g.kv_cache_spec, CrossAttentionSpec))
+            for g in scheduler.kv_cache_config.kv_cache_groups]
+
+
+def encoder_kv_tokens(scheduler, request) -> int:
+    """An encoder-decoder request's encoder positions (what its cross-attention holds); 0 in a
+    decoder-only engine, where multimodal items are prompt positions instead."""
+    if not scheduler.is_encoder_decoder or not request.mm_features:
+        return 0
+    return sum(request.get_num_encoder_embeds(i) for i in range(len(request.mm_features)))
+
+
+def encoder_capacity(scheduler) -> tuple[int, int]:
+    """(encoder positions one step may compute, free encoder-cache positions) of an
+    encoder-decoder engine's scheduler (0.26 and 0.32)."""
+    return scheduler.max_num_encoder_input_tokens, scheduler.encoder_cache_manager.num_free_slots
 
 
 def uncomputed_tokens(request) -> int:

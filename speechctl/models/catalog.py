@@ -92,8 +92,7 @@ def codec_sample_rate(checkpoint: Checkpoint) -> int:
     """The waveform rate the checkpoint's codec takes, read from its config (no model load)."""
     config_file = checkpoint.codec_dir / "config.json"
     try:
-        config = json.loads(config_file.read_text())
-        config = config.get("codec_config") or config  # CSM: the codec's config inside the model's
+        config = checkpoint.family.codec_config(json.loads(config_file.read_text()))
         return int(config.get("sampling_rate") or config["sample_rate"])  # DAC, Mimi / Higgs tokenizer
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"{config_file}: no usable codec config ({e})") from None
@@ -111,16 +110,17 @@ def describe_model(name: str | None) -> dict:
         return describe_text_lm(name)
     checkpoint = resolve_checkpoint(name)
     config, pattern = checkpoint.config, checkpoint.spec.pattern
+    decoder = checkpoint.family.decoder_config(config)  # an encoder-decoder family's decoder
     info = {
         "name": name or default_model(),
         "path": str(checkpoint.path),
         "architecture": checkpoint.architecture,
         "family": checkpoint.family.name,
         "backbone": config.get("model_type"),
-        "layers": config.get("num_hidden_layers"),
-        "hidden_size": config.get("hidden_size"),
-        "heads": f"{config.get('num_attention_heads')}/{config.get('num_key_value_heads')}",
-        "text_vocab": config.get("text_vocab_size") or config.get("vocab_size"),  # CSM: vocab_size is a codebook's
+        "layers": decoder.get("num_hidden_layers"),
+        "hidden_size": decoder.get("hidden_size"),
+        "heads": f"{decoder.get('num_attention_heads')}/{decoder.get('num_key_value_heads') or decoder.get('num_attention_heads')}",
+        "text_vocab": None if decoder is not config else config.get("text_vocab_size") or config.get("vocab_size"),  # CSM: vocab_size is a codebook's
         "codebooks": pattern.num_streams,
         "codebook_size": pattern.codebook_size,
         "delays": list(pattern.delays),
@@ -135,8 +135,7 @@ def describe_model(name: str | None) -> dict:
         missing.append(str(e))
     try:
         codec = checkpoint.family.codec(checkpoint.path, config)
-        codec_config = json.loads((codec.path / "config.json").read_text())
-        codec_config = codec_config.get("codec_config") or codec_config  # CSM: the codec's config inside the model's
+        codec_config = checkpoint.family.codec_config(json.loads((codec.path / "config.json").read_text()))
         info["codec"] = f"{codec_config.get('model_type')}, {codec.found}: {codec.path}"
         info["sample_rate"] = codec_config.get("sampling_rate") or codec_config.get("sample_rate")
     except ModelError as e:
@@ -163,6 +162,9 @@ def describe_defaults(defaults) -> str:
         parts.append(f"depth decoder {sampling(defaults.depth)}")
     if defaults.repetition is not None:
         parts.append(f"repetition-aware (window {defaults.repetition.window}, max {defaults.repetition.max_repeat})")
+    if defaults.guidance is not None:
+        g = defaults.guidance
+        parts.append(f"CFG scale {g.scale:g}" + (f" (filter top-k {g.top_k})" if g.top_k else ""))
     if defaults.max_frames is not None:
         parts.append(f"at most {defaults.max_frames} frames")
     return "; ".join(parts) + f" (from {defaults.source})"

@@ -2,8 +2,8 @@
 
     checkpoint = open_checkpoint(path)   # a Family bound to the directory (models/family.py)
 
-Each family lives in its own folder (``generic/``, ``higgs/``, ``csm/``, ``valle/``: family.py, model.py,
-prompts.py, checkpoint.py); this registry imports only their family.py, which import neither
+Each family lives in its own folder (``generic/``, ``higgs/``, ``csm/``, ``dia/``, ``musicgen/``, ``valle/``: family.py,
+model.py, prompts.py, checkpoint.py); this registry imports only their family.py, which import neither
 torch nor vLLM.
 """
 
@@ -16,12 +16,14 @@ from typing import Any
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import ModelError
 from speechctl.models.csm.family import FAMILY as CSM
+from speechctl.models.dia.family import FAMILY as DIA
+from speechctl.models.musicgen.family import FAMILY as MUSICGEN
 from speechctl.models.family import Checkpoint, Family, read_config
 from speechctl.models.generic.family import FAMILY as MULTISTREAM
 from speechctl.models.higgs.family import FAMILY as HIGGS_AUDIO_V2
 from speechctl.models.valle.family import FAMILY as VALLE
 
-FAMILIES: dict[str, Family] = {f.architecture: f for f in (MULTISTREAM, HIGGS_AUDIO_V2, CSM, VALLE)}
+FAMILIES: dict[str, Family] = {f.architecture: f for f in (MULTISTREAM, HIGGS_AUDIO_V2, CSM, DIA, MUSICGEN, VALLE)}
 
 
 def as_dict(config) -> dict[str, Any]:

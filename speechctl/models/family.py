@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, Guidance, Sampling
+from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import InputError, ModelError
 from speechctl.models.weights import WeightFiles, engine_view, select_weights
@@ -55,6 +55,7 @@ class GenerationDefaults:
     depth: Sampling | None = None  # a depth decoder's codebooks; None: as ``audio``
     max_frames: int | None = None  # None: DEFAULT_MAX_SECONDS of audio
     repetition: Repetition | None = None
+    guidance: Guidance | None = None  # classifier-free guidance in the family's convention; None: off
     source: str = "speechctl's defaults"
 
 
@@ -68,9 +69,46 @@ class CodecLocation:
 class CfgConvention:
     """How a family's reference defines classifier-free guidance, in speechctl's terms: the
     runtime merges ``l_u + s·(l_c − l_u)``; a reference that writes ``l_c + g·(l_c − l_u)`` (Dia)
-    has ``scale_offset`` 1 (s = g + 1)."""
+    has ``scale_offset`` 1 (s = g + 1). ``above_one``: the reference guides only with a scale
+    above 1 (transformers' ``guidance_scale``; 1 is off, below 1 refused). ``filter_top_k``: it
+    keeps the conditional logits on the top-k of the guided ones, k its sampling top-k, in
+    greedy decoding too (Dia)."""
 
     scale_offset: float = 0.0
+    above_one: bool = False
+    filter_top_k: bool = False
+
+
+def processor_codec(path: Path, subdirs: tuple[str, ...], default: str | None = None) -> CodecLocation:
+    """Where a checkpoint's codec lives as transformers' processor finds it: a ``subdirs`` entry
+    inside the checkpoint, else what ``audio_tokenizer_config.json`` or ``processor_config.json``
+    names (a local directory, or a hub id resolved through the Hugging Face cache), else the
+    family's ``default`` (a hub id)."""
+    from speechctl.models.hub import is_hub_id, snapshot
+
+    for sub in subdirs:
+        if (path / sub / "config.json").is_file():
+            return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
+    named, where = default, "the family's codec"
+    for file, section in (("audio_tokenizer_config.json", None), ("processor_config.json", "audio_tokenizer")):
+        if not (path / file).is_file():
+            continue
+        try:
+            entry = json.loads((path / file).read_text())
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{path / file}: unreadable ({e})") from None
+        entry = entry.get(section) or {} if section else entry
+        if entry.get("audio_tokenizer_name_or_path"):
+            named, where = entry["audio_tokenizer_name_or_path"], f"named in {file}"
+            break
+    if named is None:
+        raise ModelError(f"{path}: no codec ({'/, '.join(subdirs)}/, or processor_config.json naming it)")
+    local = Path(named).expanduser()
+    if (local / "config.json").is_file():
+        return CodecLocation(local, f"{named} (local, {where})")
+    if is_hub_id(named):
+        return CodecLocation(snapshot(named), f"hub id {named} ({where}), from the Hugging Face cache")
+    raise ModelError(f"{path}: the codec {named!r} ({where}) is neither a directory nor a hub id")
 
 
 def read_generation_config(path: Path) -> dict | None:
@@ -125,9 +163,23 @@ class Family:
         """Positions the model takes (config.json's ``max_position_embeddings``)."""
         return int(config.get("max_position_embeddings") or 1 << 20)
 
-    def defaults(self, generation: dict | None) -> GenerationDefaults:
+    def encoder_positions(self, config: Mapping[str, Any]) -> int | None:
+        """An encoder-decoder family's longest encoder input; None for a decoder-only one."""
+        return None
+
+    def decoder_config(self, config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The part of config.json that shapes the generating transformer (``speechctl models``):
+        the config itself, an encoder-decoder family's decoder config."""
+        return config
+
+    def codec_config(self, codec_config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The codec's own config within its directory's config.json (a model that carries its
+        codec inside keeps it under a key: CSM ``codec_config``, MusicGen ``audio_encoder``)."""
+        return codec_config.get("codec_config") or codec_config
+
+    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
         """The generation defaults of a checkpoint whose generation_config.json is ``generation``
-        (None: it has none, and speechctl's defaults apply)."""
+        (None: it has none, and speechctl's defaults apply) and whose config.json is ``config``."""
         if generation is None:
             return GenerationDefaults()
         return GenerationDefaults(audio=sampling_from(generation), source="generation_config.json")
@@ -206,19 +258,29 @@ class Checkpoint:
 
     @cached_property
     def defaults(self) -> GenerationDefaults:
-        return self.family.defaults(read_generation_config(self.path))
+        return self.family.defaults(read_generation_config(self.path), self.config)
 
     def prompt_builder(self, tokenizer):
         return self.family.prompt_builder(self.spec, tokenizer)
 
-    def guidance(self, requested: Guidance) -> Guidance:
-        """A caller's guidance (its ``scale`` in the family's own convention, e.g. ``--cfg 3``)
-        as the runtime merges it; off stays off."""
+    def guidance(self, requested: Guidance | None = None, audio: Sampling | None = None) -> Guidance:
+        """A caller's guidance (its ``scale`` in the family's own convention, e.g. ``--cfg 3``;
+        None: the checkpoint's default) as the runtime merges it; off stays off. ``audio``: the
+        caller's audio sampling, whose top-k a filtering family's CFG filter takes."""
+        if requested is None:
+            requested = self.defaults.guidance or NO_GUIDANCE
         if not requested.enabled:
-            return requested
-        if self.family.cfg is None:
+            return NO_GUIDANCE
+        cfg = self.family.cfg
+        if cfg is None:
             raise InputError(f"{self.family.title} has no classifier-free guidance (its reference generates without it)")
-        return replace(requested, scale=requested.scale + self.family.cfg.scale_offset)
+        if cfg.above_one and requested.scale < 1:
+            raise InputError(f"{self.family.title} guides with a CFG scale above 1 (1 = off), got {requested.scale:g}")
+        top_k = requested.top_k
+        if cfg.filter_top_k and not top_k:
+            default = self.defaults.guidance.top_k if self.defaults.guidance else TRANSFORMERS_DEFAULTS["top_k"]
+            top_k = audio.top_k if audio is not None and audio.top_k else default
+        return replace(requested, scale=requested.scale + cfg.scale_offset, top_k=top_k)
 
 
 def read_config(path: Path) -> dict[str, Any]:

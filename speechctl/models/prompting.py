@@ -24,6 +24,7 @@ from speechctl.errors import InputError
 class PromptBuilder:
     title = "this model"  # for messages
     min_frames = 1  # the audio may not end before this many frames (unless the caller says)
+    cuts_text = True  # a long text may be spoken in pieces (speechctl.text); False: in one request
 
     def __init__(self, spec: StreamSpec, tokenizer):
         self.spec = spec

@@ -2,7 +2,8 @@
 
 A generated position's input is its primary token (vLLM's) plus the auxiliary tokens recorded
 at the same generated index; a prompt position carries PAD on the auxiliary streams (audio in
-prompts arrives as multimodal embeddings instead). The newest generated token of a request also
+prompts arrives as multimodal embeddings instead), or, for an encoder-decoder family, the tokens
+its request gave for the decoder prompt. The newest generated token of a request also
 switches its mode: ``<|audio_bos|>`` opens audio at the next step, ``<|audio_eos|>`` closes it.
 """
 
@@ -19,7 +20,11 @@ def inputs_at(table: SlotTable, spec: StreamSpec, input_ids: torch.Tensor, pos: 
     g = pos - table.prompt_len[tok_slot]  # generated index (negative in the prompt)
     is_gen = g >= 0
     aux = table.gen_aux[tok_slot, g.clamp(0, table.max_len)].to(torch.int64)
-    aux = torch.where(is_gen[:, None], aux, spec.pattern.pad)
+    if table.prompt_aux is None:
+        prompt = spec.pattern.pad
+    else:  # an encoder-decoder family's decoder prompt: its own stream tokens
+        prompt = table.prompt_aux[tok_slot, pos.clamp(0, table.max_len)].to(torch.int64)
+    aux = torch.where(is_gen[:, None], aux, prompt)
 
     newest = is_gen & (g == table.n_gen[tok_slot] - 1)
     opens = torch.where(newest & (input_ids == spec.audio_bos_id), tok_slot, table.scratch)

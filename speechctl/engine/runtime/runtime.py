@@ -108,6 +108,32 @@ class StreamRuntime:
         """The input work as one function of tensors (compiled on CUDA)."""
         return scheduled_inputs(self.table, self.spec, input_ids, query_start_loc, pos, num_rows)
 
+    def decoder_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor, one_per_row: bool) -> torch.Tensor:
+        """[n] primary ids -> [n, K] auxiliary ids, from inside a model's forward (an
+        encoder-decoder family: vLLM hands its forward token ids and captures the forward whole
+        in a CUDA graph on pure decode steps, where Python does not run again). There the step is
+        one token per row (``one_per_row``: token i is row i) and only persistent buffers are
+        read; the sampling phase finds its rows itself (``locate_rows``). vLLM captures those
+        graphs at start-up, before the runtime is attached (every row then sits in the scratch
+        slot): the graph must gather from the table even then, or its replays would embed the
+        capture's constant."""
+        if one_per_row:
+            return inputs_at(self.table, self.spec, input_ids, positions, self.table.row_slots[: input_ids.shape[0]])
+        if self.view is None:  # vLLM's profiling and warm-up runs
+            return torch.full((input_ids.shape[0], self.spec.num_codebooks), self.pattern.pad, dtype=torch.int64,
+                              device=input_ids.device)
+        return self.input_streams(input_ids)
+
+    def locate_rows(self) -> None:
+        """Each row's slot and last position for this step's sampling, from the runner's buffers
+        (for ``decoder_inputs``, whose forward may have been a graph replay)."""
+        if self.view is None:
+            self.rows = None
+            return
+        R = self.view.num_reqs()
+        qsl = self.view.query_start_loc(R).to(torch.int64)
+        self.rows = ScheduledRows(R, self.table.row_slots[:R], self.view.positions(None)[qsl[1:] - 1])
+
     # -- sample and record ---------------------------------------------------------------------
 
     @torch.profiler.record_function("speechctl.sample")
@@ -137,7 +163,8 @@ class StreamRuntime:
         the ``LiveSettings.sampling_flags``), so that on CUDA it compiles into a few fused kernels."""
         table, rules = self.table, self.rules
         step = rules.locate(table, slots, last_pos)
-        forced = rules.forced(step, table.max_frames[slots])
+        lead_in = None if table.lead_in is None else table.lead_in[slots, step.a.clamp(0, table.lead_in.shape[1] - 1)]
+        forced = rules.forced(step, table.max_frames[slots], lead_in)
         pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
         if given is None:
             aux_logits = aux_logits.float()
@@ -228,10 +255,13 @@ class StreamRuntime:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
             self._input_graphs, self._logits_graphs = self._graphs
 
-    def record_step_graphs(self, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool, repetition: bool) -> int:
+    def record_step_graphs(self, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool, repetition: bool,
+                           cfg_filter: bool = False) -> int:
         """Record every bucket's graphs now, at start-up, rather than when a step first needs one:
-        the input graph, and the logits graph for each host-side variant a workload of this model
-        can meet (CFG pairs live or not where ``guidance``; repetition-aware sampling where
+        the input graph (none where ``embed`` is None: an encoder-decoder model gathers its
+        inputs inside vLLM's graph of its forward), and the logits graph for each host-side
+        variant a workload of this model can meet (CFG pairs live or not where ``guidance``,
+        with Dia's CFG filter or not where ``cfg_filter``; repetition-aware sampling where
         ``repetition``; the audio sampling is one general path on CUDA). Dummy rows sit in the
         scratch slot, whose writes go nowhere. Returns the graphs recorded."""
         if self._logits_graphs is None:
@@ -239,15 +269,18 @@ class StreamRuntime:
         before = self.stats()["graph_captures"]
         table, scratch = self.table, self.table.scratch
         live = table.settings
+        pairings = [(False, False)] + ([(True, False)] if guidance else []) + ([(True, True)] if guidance and cfg_filter else [])
         for size in self._logits_graphs.sizes:
             slots = torch.full((size,), scratch, dtype=torch.int64, device=self.device)
             zeros = torch.zeros(size, dtype=torch.int64, device=self.device)
-            self._graphed_embed(embed, zeros, zeros, slots)
+            if embed is not None:
+                self._graphed_embed(embed, zeros, zeros, slots)
             hidden = torch.zeros(size, hidden_size, dtype=dtype, device=self.device)
-            for paired in (False, True) if guidance else (False,):
+            for paired, filtered in pairings:
                 for ras in (False, True) if repetition else (False,):
                     table.settings = LiveSettings(general_audio=live.general_audio)
                     table.settings.paired, table.settings.repetition = int(paired), int(ras)
+                    table.settings.cfg_filter = int(filtered)
                     self.rows = ScheduledRows(size, slots, zeros)
                     try:
                         self.graphed_logits(heads, hidden)

@@ -166,6 +166,12 @@ class SlotTable:
         # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
         self.gen_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
         self._pad = pad
+        # Encoder-decoder families: [slot, prompt position, stream] the decoder prompt's tokens,
+        # and [slot, generated index < max delay, stream] forced first tokens (-1: by rule).
+        self.prompt_aux = self.lead_in = None
+        if spec.prompt_streams:
+            self.prompt_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
+            self.lead_in = torch.full((n, max(1, spec.pattern.max_delay), K), -1, dtype=torch.int32, device=device)
         self.readback = Readback(slots=n, max_rows=max_rows, max_len=max_len, num_codebooks=K, pad=pad, device=device)
         self._claims = 0
 
@@ -212,6 +218,13 @@ class SlotTable:
         self._params[slot] = params
         self.settings.count(params, +1)
         return slot
+
+    def rows_of_tags(self, tags: list[int], tag_of) -> list[int]:
+        """The batch row of each live request named by ``tag_of(key)`` in ``tags`` (a large
+        number for one not in the batch)."""
+        slot_of = {tag_of(key): slot for key, slot in self.slots.items()}
+        row_of = {int(slot): row for row, slot in enumerate(self.row_slots_host)}
+        return [row_of.get(slot_of.get(tag, -1), 1 << 30) for tag in tags]
 
     def release(self, keys) -> None:
         """Free the slots of finished or aborted requests."""
@@ -271,6 +284,22 @@ class SlotTable:
                     steps = np.asarray(p.history, dtype=np.int32)[-HISTORY:]
                     history[i, HISTORY - len(steps):] = steps
             self.history.index_copy_(0, idx, self._to_device(history))
+        if self.prompt_aux is not None:
+            self._write_prompt_streams(idx, ps)
+
+    def _write_prompt_streams(self, idx: torch.Tensor, ps: list[StreamParams]) -> None:
+        """The claimed slots' decoder-prompt tokens and forced first tokens, in one copy each."""
+        prompt = np.full((len(ps),) + tuple(self.prompt_aux.shape[1:]), self._pad, dtype=np.int32)
+        lead = np.full((len(ps),) + tuple(self.lead_in.shape[1:]), -1, dtype=np.int32)
+        for i, p in enumerate(ps):
+            if len(p.prompt_steps) > prompt.shape[1]:
+                raise RuntimeError(f"speechctl: a decoder prompt of {len(p.prompt_steps)} positions is past max_len")
+            if p.prompt_steps:
+                prompt[i, : len(p.prompt_steps)] = p.prompt_steps
+            if p.lead_in:
+                lead[i, : len(p.lead_in)] = np.asarray(p.lead_in)[: lead.shape[1]]
+        self.prompt_aux.index_copy_(0, idx, self._to_device(prompt))
+        self.lead_in.index_copy_(0, idx, self._to_device(lead))
 
     def _to_device(self, host) -> torch.Tensor:
         """A host array as a tensor on the table's device (see ``_staged``)."""

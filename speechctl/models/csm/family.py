@@ -75,7 +75,7 @@ class Csm(Family):
     def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
         return CodecLocation(path, "inside the checkpoint (codec_model.*, Mimi)")
 
-    def defaults(self, generation: dict | None) -> GenerationDefaults:
+    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
         """Codebook 0's sampling; the depth decoder's from the ``depth_decoder_*`` fields (which
         transformers moves onto the depth decoder's own generation config, greedy where unset);
         ``max_new_tokens`` frames."""

@@ -4,15 +4,12 @@ where its codec (the Higgs audio tokenizer) lives."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
-from speechctl.errors import ModelError
-from speechctl.models.hub import is_hub_id, snapshot
-from speechctl.models.family import CodecLocation, Family, GenerationDefaults, Repetition, sampling_from
+from speechctl.models.family import CodecLocation, Family, GenerationDefaults, Repetition, processor_codec, sampling_from
 
 
 def higgs_audio_v2_spec(config: Mapping[str, Any]) -> StreamSpec:
@@ -58,25 +55,9 @@ class HiggsAudioV2(Family):
         """``audio_tokenizer/`` or ``codec/`` inside the checkpoint, else what
         ``audio_tokenizer_config.json`` or ``processor_config.json`` names (transformers' processor
         reads those): a local directory, or a hub id resolved through the Hugging Face cache."""
-        for sub in ("audio_tokenizer", "codec"):
-            if (path / sub / "config.json").is_file():
-                return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
-        for file, section in (("audio_tokenizer_config.json", None), ("processor_config.json", "audio_tokenizer")):
-            if not (path / file).is_file():
-                continue
-            entry = json.loads((path / file).read_text())
-            named = (entry.get(section) or {} if section else entry).get("audio_tokenizer_name_or_path")
-            if not named:
-                continue
-            local = Path(named).expanduser()
-            if (local / "config.json").is_file():
-                return CodecLocation(local, f"{named} (local, named in {file})")
-            if is_hub_id(named):
-                return CodecLocation(snapshot(named), f"hub id {named} in {file}, from the Hugging Face cache")
-            raise ModelError(f"{path / file}: names the codec {named!r}, which is neither a directory nor a hub id")
-        raise ModelError(f"{path}: no codec (audio_tokenizer/, or processor_config.json naming it)")
+        return processor_codec(path, ("audio_tokenizer", "codec"))
 
-    def defaults(self, generation: dict | None) -> GenerationDefaults:
+    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
         """Its sampling, and repetition-aware sampling where ``ras_win_len`` and
         ``ras_win_max_num_repeat`` are set (transformers' ``generate`` applies it then)."""
         if generation is None:

@@ -1,0 +1,240 @@
+"""Dia through speechctl on vLLM's encoder-decoder path equals transformers' own ``generate``,
+token for token on all 9 channels: a tiny random checkpoint written by transformers
+(``save_pretrained``), loaded through speechctl's real loading code, greedy, one batch of texts
+of different lengths with CFG off and on at different scales and CFG-filter top-k (each
+transformers reference a batch of one guidance setting: its ``guidance_scale`` is per call),
+two with a voice prompt (transformers' ``DiaProcessor`` encodes the waveform itself), requests
+ending by EOS at different steps; under default batching and under forced preemption (vLLM
+turns chunked prefill off for encoder-decoder models). The DAC codec (44.1 kHz) decodes and
+encodes as transformers' does; ``speechctl tts --model nari-labs/Dia-1.6B-0626`` (the published
+layout, offline from a hub cache) with no flags takes Dia's weights, CFG, length and codec (by
+hub id) from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from published import DIA_CODEC_REPO, DIA_REPO, into_hub_cache, nari_like
+
+pytestmark = pytest.mark.engine
+DECODE_TOLERANCE = 1e-5  # max abs difference of float32 waveforms, relative to the peak
+TEXTS = ["[S1] Hello there.", "[S2] Hi!", "[S1] A much longer sentence, said slowly (laughs).", "[S1] x"]
+# (guidance scale in Dia's convention or None, CFG filter top-k, max_new_tokens of transformers)
+GROUPS = [(None, None, 40), (3.0, 20, 36), (2.0, 5, 44)]
+CONFIGS = {
+    "default": dict(max_num_batched_tokens=1024),
+    # 15 usable KV blocks of 32 shared by self- and cross-attention (a request holds 2-4) for 14
+    # requests and 10 unconditional members: preemption (checked below)
+    "preemption": dict(max_num_batched_tokens=256, max_model_len=192, num_kv_blocks=16, max_num_seqs=6),
+}
+
+
+@pytest.fixture(scope="module")
+def dia_path(tmp_path_factory):
+    from speechctl.models.dia.checkpoint import DiaRecipe, create_dia_checkpoint
+
+    return create_dia_checkpoint(tmp_path_factory.mktemp("dia") / "tiny-dia", DiaRecipe(seed=2, eos_boost=3.0))
+
+
+@pytest.fixture(scope="module")
+def hf_model(dia_path):
+    from transformers import DiaForConditionalGeneration
+
+    return DiaForConditionalGeneration.from_pretrained(dia_path).eval()
+
+
+@pytest.fixture(scope="module")
+def processor(dia_path):
+    from transformers import DacModel, DiaFeatureExtractor, DiaProcessor, DiaTokenizer
+
+    return DiaProcessor(DiaFeatureExtractor(sampling_rate=44100, hop_length=512), DiaTokenizer(),
+                        DacModel.from_pretrained(dia_path / "codec"))
+
+
+@pytest.fixture(scope="module")
+def codec(dia_path):
+    from speechctl.codecs import load_codec
+
+    return load_codec(dia_path / "codec")
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def engine(request, dia_path):
+    from test_parity import make_engine
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPEECHCTL_STRICT_PAIRS", "1")  # a pair out of step raises (production: counted, fails)
+        eng = make_engine(dia_path, **CONFIGS[request.param])
+    eng.name = request.param
+    yield eng
+    eng.shutdown()
+
+
+def hf_generate(model, processor, texts, max_new, scale=None, top_k=None, voice=None) -> np.ndarray:
+    """transformers' generate on ``texts`` as DiaProcessor prepares them: [B, steps, 9] after
+    the decoder prompt (BOS frame and voice frames)."""
+    inputs = processor(text=texts, audio=voice, return_tensors="pt")
+    guidance = dict(guidance_scale=scale, top_k=top_k) if scale else {}
+    out = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, **guidance)
+    prompt = inputs["decoder_input_ids"].shape[1] - max(model.config.delay_pattern)
+    return out.numpy()[:, prompt:]
+
+
+def assert_equal(out, expected, name):
+    assert out.error is None, f"{name}: {out.error}"
+    steps = len(out.aux)
+    np.testing.assert_array_equal(out.aux, expected[:steps], err_msg=f"{name}: channels differ")
+    assert (expected[steps:] == 1025).all(), f"{name}: transformers generated more steps"  # its batch pads with PAD
+    assert out.token_ids[-1] == 1024 and len(out.token_ids) == steps, f"{name}: primary stream"
+
+
+def test_text_ids_equal_dia_tokenizer():
+    from transformers import DiaTokenizer
+
+    from speechctl.models.dia.prompts import dia_text_ids
+
+    text = "[S1] Hi (laughs) Ünïcödé ✓ [S2] bye."
+    assert dia_text_ids(text).tolist() == DiaTokenizer()(text).input_ids
+
+
+def test_captured_decode_reads_the_slot_table_before_attach():
+    """vLLM captures an encoder-decoder model's decode forward whole, at start-up, before the
+    runtime is attached: the one-token-per-row gather must read the slot table's persistent
+    buffers even then (a constant there would be replayed on every decode step on CUDA)."""
+    from speechctl.engine.runtime import StreamRuntime
+    from speechctl.models.dia.family import dia_spec
+
+    config = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15],
+              "decoder_config": {"bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025, "num_channels": 9,
+                                 "vocab_size": 1028}}
+    runtime = StreamRuntime(dia_spec(config), max_rows=4, max_len=16, device=torch.device("cpu"))
+    assert runtime.view is None  # not attached
+    table = runtime.table
+    table.row_slots[1] = 0
+    table.prompt_len[0] = 2
+    table.prompt_aux[0, 1] = torch.arange(9, dtype=torch.int32)
+    ids, positions = torch.zeros(2, dtype=torch.int64), torch.tensor([0, 1])
+    aux = runtime.decoder_inputs(ids, positions, one_per_row=True)
+    assert aux[1].tolist() == list(range(9)) and (aux[0] == 1025).all()  # row 0: the scratch slot's PAD
+    assert (runtime.decoder_inputs(ids, positions, one_per_row=False) == 1025).all()  # a profiling run
+
+
+def test_greedy_generation_equals_transformers(engine, hf_model, processor, codec):
+    from speechctl.engine.params import Guidance
+
+    prompts = engine.prompt_builder()
+    reqs, expected = [], {}
+    for g, (scale, top_k, max_new) in enumerate(GROUPS):
+        ref = hf_generate(hf_model, processor, TEXTS, max_new, scale, top_k)
+        guidance = Guidance(scale=scale + 1, streams="audio", top_k=top_k) if scale else Guidance()
+        for i, text in enumerate(TEXTS):
+            reqs.append(prompts.tts(text, max_frames=max_new - 16, guidance=guidance, tag=(g, i)))
+            expected[(g, i)] = ref[i]
+    rng = np.random.default_rng(0)
+    for v, (frames, scale) in enumerate([(5, 3.0), (12, None)]):  # voice prompts: one transformers call each
+        wave = (0.1 * rng.standard_normal(frames * codec.hop_length)).astype(np.float32)
+        (codes,) = codec.encode([wave])
+        text = f"[S2] voice number {v}."
+        expected[("voice", v)] = hf_generate(hf_model, processor, [f"[S1] transcript {v}. {text}"], 30, scale, 20,
+                                             voice=[wave])[0]
+        guidance = Guidance(scale=scale + 1, streams="audio", top_k=20) if scale else Guidance()
+        reqs.append(prompts.tts(text, voice_codes=codes, voice_text=f"[S1] transcript {v}.", max_frames=14,
+                                guidance=guidance, tag=("voice", v)))
+    outs = {o.tag: o for o in engine.generate(reqs)}
+    for tag, out in outs.items():
+        assert_equal(out, expected[tag], f"{engine.name}/{tag}")
+    assert len({len(o.aux) for o in outs.values()}) >= 5, "requests should end at different steps"
+    stats = engine.stats()
+    assert stats["pair_violations"] == 0 and stats["live"] == 0
+    if engine.name == "preemption":
+        assert stats["resumed"] > 0, "the small KV cache should have forced preemption"
+
+
+def test_cfg_filter_and_scale_change_the_output(engine):
+    """Guidance changes the output (else the parity test would not test it): Dia's filter picks
+    from the conditional logits on the guided top-k, so with k = the vocabulary it is off; the
+    plain merge (top_k 0, speechctl's convention) takes the guided logits, and its scale counts."""
+    from speechctl.engine.params import Guidance
+
+    prompts = engine.prompt_builder()
+    settings = {"off": Guidance(), "k5": Guidance(4.0, "audio", 5), "k1028": Guidance(4.0, "audio", 1028),
+                "merge4": Guidance(4.0, "audio"), "merge3": Guidance(3.0, "audio")}
+    outs = {o.tag: o.aux.tobytes() for o in engine.generate([prompts.tts(TEXTS[2], max_frames=20, guidance=g, tag=name)
+                                                             for name, g in settings.items()])}
+    assert outs["off"] == outs["k1028"]
+    assert len({outs[k] for k in ("off", "k5", "merge4", "merge3")}) == 4
+
+
+def test_chunked_prefill_is_off_for_encoder_decoder(engine):
+    assert not engine._vllm.vllm_config.scheduler_config.enable_chunked_prefill
+
+
+def test_codec_decode_equals_transformers(codec, processor):
+    """Batched decode of items of different lengths equals transformers' DAC on each alone;
+    encode equals its codes."""
+    dac = processor.audio_tokenizer
+    assert (codec.sample_rate, codec.hop_length, codec.num_codebooks) == (44100, 512, 9)
+    rng = np.random.default_rng(2)
+    items = [rng.integers(0, codec.codebook_size, (codec.num_codebooks, n)) for n in (1, 7, 30, 41)]
+    for item, wave in zip(items, codec.decode(items)):
+        with torch.no_grad():
+            ref = dac.decode(audio_codes=torch.as_tensor(item)[None]).audio_values[0].numpy()
+        ref = np.pad(ref, (0, len(wave) - len(ref)))
+        np.testing.assert_allclose(wave, ref, atol=DECODE_TOLERANCE * max(1.0, np.abs(ref).max()), rtol=0)
+    waves = [(0.1 * rng.standard_normal(n * codec.hop_length)).astype(np.float32) for n in (3, 9, 20)]
+    for wave, codes in zip(waves, codec.encode(waves)):
+        with torch.no_grad():
+            ref = dac.encode(torch.as_tensor(wave)[None, None]).audio_codes[0].numpy()
+        np.testing.assert_array_equal(codes, ref)
+
+
+def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, dia_path, processor, monkeypatch):
+    """nari-labs/Dia-1.6B-0626 as published (``published.nari_like``: shards, decoy copies of the
+    weights, the codec named by hub id in audio_tokenizer_config.json), in a hub cache offline:
+    ``speechctl tts --model nari-labs/Dia-1.6B-0626`` with no flags takes its weights by
+    transformers' rule, DAC from the hub cache, and generation_config.json's greedy decoding,
+    guidance scale 3 with the CFG filter at its top-k 20 and its length (max_new_tokens); the
+    codes equal transformers' ``generate()`` of that directory with that generation config."""
+    import shutil
+
+    from click.testing import CliRunner
+    from transformers import DiaForConditionalGeneration, GenerationConfig
+
+    from speechctl.cli import cli
+
+    cache = tmp_path_factory.mktemp("hf-hub")
+    published = tmp_path_factory.mktemp("published") / "Dia-1.6B-0626"
+    shutil.copytree(dia_path, published)
+    nari_like(published, cache, generation={"do_sample": False, "guidance_scale": 3.0, "top_k": 20, "max_new_tokens": 42})
+    into_hub_cache(cache, DIA_REPO, published)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    described = CliRunner().invoke(cli, ["models", DIA_REPO], catch_exceptions=False)
+    text = " ".join(described.output.split())
+    for expected in ("model-00001-of-00002.safetensors, model-00002-of-00002.safetensors (by model.safetensors.index.json)",
+                     "dia-v1.pth, pytorch_model.bin", f"hub id {DIA_CODEC_REPO} (named in audio_tokenizer_config.json)",
+                     "audio greedy; CFG scale 3 (filter top-k 20); at most 26 frames", "sample_rate 44100", "layers 2",
+                     "missing nothing"):
+        assert expected in text, f"{expected!r} not in {text}"
+
+    out = tmp_path_factory.mktemp("out")
+    text = "[S1] Hello. [S2] Hi there."
+    result = CliRunner().invoke(cli, ["tts", text, "--model", DIA_REPO, "-o", str(out / "a.wav"),
+                                      "--codes-out", str(out / "a.npy")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    codes = np.load(out / "a.npy")
+    model = DiaForConditionalGeneration.from_pretrained(published).eval()  # transformers' own choice of files
+    ref = model.generate(**processor(text=[text], return_tensors="pt"),
+                         generation_config=GenerationConfig.from_pretrained(published))
+    ref = ref[0, 1:].numpy()  # after the BOS frame
+    ends = np.flatnonzero(ref[:, 0] == 1024)
+    end = int(ends[0]) if len(ends) else 42 - 16
+    expected = np.stack([ref[d : d + end, c] for c, d in enumerate(model.config.delay_pattern)])
+    np.testing.assert_array_equal(codes, expected)
+    from speechctl import api
+
+    api.close_shared()
