@@ -20,6 +20,7 @@ import numpy as np
 from speechctl.accelerator import has_cuda
 from speechctl.engine import vllm_compat
 from speechctl.engine.config import EngineConfig
+from speechctl.engine.feed import feed_steps
 from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, Sampling, StreamParams
 from speechctl.engine.requests import StreamOutput, StreamRequest, encoder_decoder_prompt
 from speechctl.engine.runtime import compile_per_step_work, slot_capacity
@@ -315,20 +316,7 @@ class SpeechEngine:
         step's, empty ones too, with ``every_step``: the caller does work between steps).
 
         ``requests`` is pulled lazily, keeping at most twice the slot capacity queued."""
-        pending = iter(requests)
-        exhausted = False
-        while True:
-            while not exhausted and len(self._queue) + len(self._live) < 2 * self.capacity:
-                nxt = next(pending, None)
-                if nxt is None:
-                    exhausted = True
-                else:
-                    self.submit(nxt)
-            if exhausted and not self.has_work():
-                return
-            outputs = self.step()
-            if outputs or every_step:
-                yield outputs
+        return feed_steps(self, requests, lambda: len(self._queue) + len(self._live), every_step)
 
     def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
         for outputs in self.generate_steps(requests):

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from speechctl.accelerator import has_cuda
+from speechctl.engine.feed import feed_steps
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.errors import SpeechctlError
 from speechctl.models.valle.prompts import NarInputs
@@ -163,20 +164,7 @@ class ArNarEngine:
         """As ``SpeechEngine.generate_steps``: at most twice the AR stage's capacity queued; every
         step's outputs, empty ones too, with ``every_step`` (``Speech.run_requests`` collects
         decoded audio between steps)."""
-        pending = iter(requests)
-        exhausted = False
-        while True:
-            while not exhausted and len(self._in_ar) < 2 * self.ar.capacity:
-                nxt = next(pending, None)
-                if nxt is None:
-                    exhausted = True
-                else:
-                    self.submit(nxt)
-            if exhausted and not self.has_work():
-                return
-            outputs = self.step()
-            if outputs or every_step:
-                yield outputs
+        return feed_steps(self, requests, lambda: len(self._in_ar), every_step)
 
     def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
         for outputs in self.generate_steps(requests):
