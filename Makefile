@@ -14,12 +14,13 @@ VLLM_CUDA_SPEC ?= vllm==0.26.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PYTEST_ARGS ?=
 
-.PHONY: install test clean portaudio
+.PHONY: install test clean portaudio espeak
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@$(MAKE) --no-print-directory portaudio
+	@$(MAKE) --no-print-directory espeak
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 ifeq ($(HAS_CUDA),yes)
@@ -49,6 +50,21 @@ portaudio:
 		echo "note: could not install libportaudio2; live audio will not work"; \
 	else \
 		echo "note: live audio needs PortAudio: sudo apt-get install libportaudio2"; \
+	fi
+
+# espeak-ng: the synthesizer behind speechctl's own voice (recipes/voice) and the speech the
+# tests transcribe; installed like PortAudio, where apt is there and we are root. Never fails:
+# the tests that need it say so and skip.
+espeak:
+	@if ! command -v apt-get >/dev/null 2>&1 || command -v espeak-ng >/dev/null 2>&1; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing espeak-ng (speech for the voice recipe and its tests)"; \
+		(apt-get install -y -q espeak-ng >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q espeak-ng >/dev/null 2>&1)) || \
+		echo "note: could not install espeak-ng; the voice recipe's tests will skip"; \
+	else \
+		echo "note: the voice recipe needs espeak-ng: sudo apt-get install espeak-ng"; \
 	fi
 
 test: install

@@ -2,6 +2,7 @@
 # Published families at real size (Higgs Audio v2 3B, CSM 1B; random weights) on the H200, vLLM 0.26 bundle staged (docs/gpu.md):
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests   # the family parity suites on CUDA
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh bench   # frames/s, speechctl beside transformers
+#     (CODEC=1: also end to end, text to waveform with the family's codec at its published shape)
 # Writes $OUT/families-<family>.json (frames/s at concurrency $CONC for both systems); copy them
 # to docs/benchmarks/ with the command line and record the table in docs/benchmarks/families.md.
 set -uo pipefail
@@ -17,7 +18,7 @@ case "${1:-bench}" in
     for family in ${FAMILIES:-higgs_audio_v2 csm}; do
       python3 -m speechctl.bench.families --family "$family" --size full --concurrency "${CONC:-1,64}" \
         --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/families-$family${SUFFIX:-}.json" \
-        $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) \
+        $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) $([ "${CODEC:-0}" = 1 ] && echo --codec) \
         2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|Error|Traceback" 
     done
     ;;

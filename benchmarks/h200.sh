@@ -4,6 +4,9 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh tests        # CUDA test suites (graphs on, per-step work compiled)
 #     (with compile, each engine start compiles: the seven suites take ~10 min, so run them as two
 #      calls, `tests-engine` then `tests-families`; SPEECHCTL_COMPILE=0 for the uncompiled path)
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh memory       # what a shut-down engine keeps (diagnostic)
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh workload     # latency under load: Poisson arrivals, mixed requests
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh stream-real  # TTFA with the real families' codecs (Higgs tokenizer, Mimi)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh cfg          # CFG ratio, higgs-3b shape
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput   # vs plain vLLM (two processes), graphs on/off, codec: ~5.5 min
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh families     # Higgs 3B vs transformers
@@ -29,18 +32,37 @@ for stage in "$@"; do
     tests|tests-engine|tests-families)
       case "$stage" in
         tests-engine) TESTS=${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py tests/test_parity.py tests/test_cfg.py} ;;
-        tests-families) TESTS=${TESTS:-tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} ;;
+        tests-families) TESTS=${TESTS:-tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} ;;
       esac
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       # TESTS / TESTS_K: a subset (e.g. one half per GPU of a two-GPU machine)
       timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
-        tests/test_parity.py tests/test_cfg.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
+        tests/test_parity.py tests/test_cfg.py tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"
       ;;
+    memory)  # what a shut-down engine keeps: per family, freed or the references that hold it
+      timeout "${MEM_TIMEOUT:-300}" python3 benchmarks/held_memory.py --out "$OUT" > "$OUT/held-memory.log" 2>&1
+      grep -vE "INFO|WARNING|^\[" "$OUT/held-memory.log" | tail -40
+      ;;
+    workload)  # latency under load: the generic llama-1b shape, then the real Higgs 3B with its codec
+      timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --shape llama-1b --requests "${WL_REQUESTS:-128}" \
+        --out "$OUT/workload-llama-1b.json" --plot "$OUT/workload-llama-1b.png" 2> "$OUT/workload-llama.log" | tail -3
+      python3 benchmarks/family_checkpoint.py higgs_audio_v2 /tmp/higgs-3b > /dev/null 2>&1
+      timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --model /tmp/higgs-3b --requests "${WL_REQUESTS:-128}" \
+        --out "$OUT/workload-higgs-3b.json" --plot "$OUT/workload-higgs-3b.png" 2> "$OUT/workload-higgs.log" | tail -3
+      grep -E "^saturation|^load" "$OUT"/workload-*.log
+      ;;
+    stream-real)  # time to first audio with the family's real codec: Higgs 3B (its 24 kHz tokenizer), CSM 1B (Mimi)
+      for family in higgs_audio_v2 csm; do
+        python3 benchmarks/family_checkpoint.py $family /tmp/$family-full > /dev/null 2>&1
+        timeout "${STREAM_TIMEOUT:-250}" python3 -m speechctl.cli bench --stream --no-turn --model /tmp/$family-full --concurrency "${STREAM_CONC:-1,16,64}" \
+          --frames 128 --repeats 3 --out "$OUT/stream-$family.json" --plot "$OUT/stream-$family.png" 2> "$OUT/stream-$family.log" | tail -20
+      done
+      ;;
     cfg)
-      timeout "${CFG_TIMEOUT:-300}" python3 -m speechctl.cli bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,64,256}" --frames 256 \
+      timeout "${CFG_TIMEOUT:-400}" python3 -m speechctl.cli bench --cfg --shape higgs-3b --concurrency "${CFG_CONC:-1,16,32,64,128}" --frames 256 \
         --repeats "${REPEATS:-2}" --out "$OUT/cfg-higgs-3b.json" --plot "$OUT/cfg-higgs-3b.png" 2> "$OUT/cfg.log" | tail -3
       grep -E "^c=|Error" "$OUT/cfg.log"
       ;;

@@ -31,14 +31,14 @@ from torch import nn
 
 from speechctl.bench.report import environment
 from speechctl.engine import vllm_compat
-from speechctl.engine.sampling import frame_sampler
-from speechctl.models.csm_checkpoint import CSM_1B, CsmRecipe, csm_config
+from speechctl.engine.runtime.sampling import frame_sampler
+from speechctl.models.csm.checkpoint import CSM_1B, CsmRecipe, csm_config
 
 HBM_BYTES_PER_S = 4.8e12  # H200
 
 
 def build(recipe: CsmRecipe, device: str, compiled: bool):
-    from speechctl.models.csm import CsmDepthDecoder
+    from speechctl.models.csm.depth import CsmDepthDecoder
 
     config = csm_config(recipe).depth_decoder_config
     os.environ["SPEECHCTL_COMPILE"] = "1" if compiled else "0"  # read when the decoder is built

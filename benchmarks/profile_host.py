@@ -18,8 +18,8 @@ from speechctl.bench.cfg import ShapeEngine
 from speechctl.engine.params import Guidance
 
 GROUPS = [  # (label, path fragment), first match wins
-    ("speechctl: pair scheduler", "speechctl/engine/vllm_compat.py"),
-    ("speechctl: stream runtime", "speechctl/engine/state.py"),
+    ("speechctl: pair scheduler", "speechctl/engine/pairs.py"),
+    ("speechctl: stream runtime", "speechctl/engine/runtime/"),
     ("speechctl: other", "speechctl/"),
     ("vLLM: scheduler + KV manager", "vllm/v1/core/"),
     ("vLLM: output processing", "vllm/v1/engine/"),

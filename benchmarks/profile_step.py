@@ -20,8 +20,8 @@ from speechctl.bench.shapes import SHAPES
 from speechctl.engine.engine import EngineConfig, SpeechEngine
 from speechctl.engine.params import Guidance
 from speechctl.bench.cfg import AUDIO_SAMPLING
-from speechctl.models.prompts import MultiStreamPrompts
-from speechctl.models.tiny import create_multistream_checkpoint
+from speechctl.models.generic.prompts import MultiStreamPrompts
+from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
 
 def main():

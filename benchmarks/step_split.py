@@ -75,8 +75,8 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
 
 def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     from speechctl.engine.engine import SpeechEngine
-    from speechctl.models.prompts import MultiStreamPrompts
-    from speechctl.models.tiny import create_multistream_checkpoint
+    from speechctl.models.generic.prompts import MultiStreamPrompts
+    from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
     path = create_multistream_checkpoint(tmp / "m", recipe)
     engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=recipe.dtype,

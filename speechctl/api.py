@@ -14,106 +14,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from speechctl.accelerator import has_cuda
-from speechctl.engine.params import (
-    DEFAULT_AUDIO,
-    DEFAULT_TEXT,
-    GREEDY,
-    NO_GUIDANCE,
-    Guidance,
-    Sampling,
-)
+from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, GREEDY, NO_GUIDANCE, Guidance, Sampling  # noqa: F401 (API)
 from speechctl.errors import EngineError, InputError, SpeechctlError
+from speechctl.jobs import AsrJob, AsrResult, FailedJob, Job, Result, TtsChunk, TtsJob, TtsResult, failure, validate
+from speechctl.models.family import DEFAULT_MAX_SECONDS
+from speechctl.pieces import PartOf, Whole, cap_warning
+from speechctl.text import MAX_PIECE_CHARS, split_for_speech
 
 ENCODE_CHUNK = 16  # audio inputs encoded per codec call
-
-
-@dataclass
-class TtsJob:
-    id: str
-    text: str
-    voice: np.ndarray | None = None  # reference waveform at the codec's sample rate
-    voice_text: str | None = None  # its transcript (Higgs Audio v2 prompts use it)
-    text_sampling: Sampling = DEFAULT_TEXT
-    audio_sampling: Sampling = DEFAULT_AUDIO
-    seed: int | None = None
-    max_seconds: float = 20.0
-    guidance: Guidance = NO_GUIDANCE  # classifier-free guidance (scale 1.0 = off)
-    task = "tts"
-
-
-@dataclass
-class AsrJob:
-    id: str
-    audio: np.ndarray  # waveform at the engine's sample_rate (the codec's; Whisper: 16 kHz)
-    text_sampling: Sampling = GREEDY
-    seed: int | None = None
-    max_tokens: int = 256
-    whisper: object | None = None  # speechctl.asr.WhisperOptions (Whisper: beam search, fallback, ...)
-    task = "asr"
-
-
-@dataclass
-class FailedJob:
-    """A job that could not be built (say, an unreadable input file); ``run`` reports it."""
-
-    id: str
-    task: str
-    error: str
-
-
-@dataclass
-class TtsResult:
-    id: str
-    audio: np.ndarray | None
-    sample_rate: int
-    codes: np.ndarray | None = None  # [K, T]
-    error: str | None = None
-    task = "tts"
-
-    @property
-    def duration(self) -> float:
-        return 0.0 if self.audio is None else len(self.audio) / self.sample_rate
-
-
-@dataclass
-class TtsChunk:
-    """A piece of a streamed TTS result (``Speech.stream_tts``): samples ``start`` ..
-    ``start + len(audio)`` of the job's waveform. The job's last chunk has ``last`` set (its audio
-    may be empty); a failed job's last chunk carries ``error``."""
-
-    id: str
-    audio: np.ndarray  # float32
-    sample_rate: int
-    start: int = 0
-    last: bool = False
-    error: str | None = None
-
-
-@dataclass
-class AsrResult:
-    id: str
-    text: str | None
-    error: str | None = None
-    segments: list | None = None  # Whisper: [speechctl.asr.segments.Segment] with start/end seconds
-    tokens: list | None = None  # Whisper: generated token ids of each window
-    language: str | None = None  # Whisper: the language code (given or detected)
-    task = "asr"
-
-
-Job = TtsJob | AsrJob | FailedJob
-Result = TtsResult | AsrResult
-
-
-@dataclass
-class _Pending:
-    job: Job
-    errors: deque = field(default_factory=deque)
 
 
 class Speech:
@@ -126,18 +40,19 @@ class Speech:
 
     def __init__(self, model: str | Path | None = None, *, engine_config=None, device: str | None = None):
         from speechctl.codecs import load_codec
-        from speechctl.engine.engine import SpeechEngine
-        from speechctl.models.catalog import codec_dir, resolve_model
+        from speechctl.models.catalog import resolve_checkpoint
 
-        self.model_dir = resolve_model(str(model) if model is not None else None)
+        self.checkpoint = resolve_checkpoint(str(model) if model is not None else None)
+        self.model_dir = self.checkpoint.path
         self.replicas = None
         if engine_config is not None and engine_config.data_parallel_size > 1:
             self._start_replicas(engine_config)
             return
-        self.engine = SpeechEngine(self.model_dir, engine_config)
+        # the family's engine: one vLLM engine (SpeechEngine), or its stages around one (AR+NAR)
+        self.engine = self.checkpoint.family.engine(self.checkpoint, engine_config)
         self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
-        self.codec = load_codec(codec_dir(self.model_dir), device=device)
+        self.codec = load_codec(self.checkpoint.codec_dir, device=device)
 
     def _start_replicas(self, config) -> None:
         import functools
@@ -147,7 +62,7 @@ class Speech:
         from speechctl.models.catalog import codec_sample_rate
 
         self.engine = self.prompts = self.codec = None  # they live in the replicas
-        self._sample_rate = codec_sample_rate(self.model_dir)
+        self._sample_rate = codec_sample_rate(self.checkpoint)
         one = functools.partial(Speech, self.model_dir, engine_config=replace(config, data_parallel_size=1))
         self.replicas = ReplicaPool(one, config.data_parallel_size, tensor_parallel_size=config.tensor_parallel_size)
 
@@ -179,11 +94,26 @@ class Speech:
             yield from self.replicas.run(jobs)
             return
         failed: deque[Result] = deque()
-        requests = self._requests(iter(jobs), failed)
-        for outputs in self.engine.generate_steps(requests):
-            while failed:
-                yield failed.popleft()
-            yield from self._finish(outputs)
+        yield from self.run_requests(self._requests(iter(jobs), failed), failed)
+
+    def run_requests(self, requests: Iterable, failed: deque | None = None) -> Iterator[Result]:
+        """Prepared engine requests (``Speech.request``; benchmarks build fixed-length ones
+        tagged with their ``TtsJob``) through the engine, their audio decoded off the step loop
+        (``codecs/worker.py``); results as they land. ``failed``: results to hand out between
+        steps (jobs refused before they reached the engine)."""
+        from speechctl.codecs.worker import DecodeQueue
+
+        failed = failed if failed is not None else deque()
+        decodes = DecodeQueue(self.codec)
+        try:
+            for outputs in self.engine.generate_steps(requests, every_step=True):
+                while failed:
+                    yield failed.popleft()
+                yield from self._finish(outputs, decodes)
+                yield from self._decoded(decodes)
+            yield from self._decoded(decodes, wait=True)
+        finally:
+            decodes.close()
         while failed:
             yield failed.popleft()
 
@@ -215,53 +145,111 @@ class Speech:
                 return
             ready = []
             for job in chunk:
-                error = job.error if isinstance(job, FailedJob) else _validate(job)
+                error = job.error if isinstance(job, FailedJob) else validate(job)
                 if error:
-                    failed.append(_failure(job, error, self.sample_rate))
+                    failed.append(failure(job, error, self.sample_rate))
                 else:
                     ready.append(job)
             waves = [j.voice if isinstance(j, TtsJob) else j.audio for j in ready]
             with_audio = [i for i, w in enumerate(waves) if w is not None]
             codes = dict(zip(with_audio, self.codec.encode([waves[i] for i in with_audio])))
             for i, job in enumerate(ready):
-                yield self._request(job, codes.get(i))
+                yield from self.requests_of(job, codes.get(i))
 
-    def _request(self, job: Job, codes: np.ndarray | None):
+    def requests_of(self, job: Job, codes: np.ndarray | None) -> list:
+        """The engine requests of a validated job: one, or one per piece of a long text (tagged
+        ``pieces.PartOf``; ``speechctl.text`` cuts it)."""
+        if not isinstance(job, TtsJob):
+            return [self.request(job, codes)]
+        pieces = split_for_speech(job.text, self.max_piece_chars)
+        if len(pieces) == 1:
+            return [self.request(job, codes)]
+        whole = Whole(job, pieces)
+        frames = self.max_frames(job.max_seconds)
+        return [self.request(replace(job, text=p.text), codes, tag=PartOf(whole, i, frames)) for i, p in enumerate(pieces)]
+
+    def request(self, job: Job, codes: np.ndarray | None, tag=None):
+        """The engine request of a validated job (or of one piece of it: ``tag``), its input audio
+        (voice prompt, audio to transcribe) already encoded to ``codes`` [K, T]."""
+        tag = job if tag is None else tag
         if isinstance(job, TtsJob):
+            defaults = self.checkpoint.defaults
+            depth = job.depth_sampling or defaults.depth
+            repetition = job.repetition if job.repetition is not None else defaults.repetition
+            repetition = tuple(repetition) if repetition and repetition[0] > 0 else None
             return self.prompts.tts(
                 job.text,
                 voice_codes=codes,
-                text_sampling=job.text_sampling,
-                audio_sampling=job.audio_sampling,
+                text_sampling=job.text_sampling or defaults.text,
+                audio_sampling=job.audio_sampling or defaults.audio,
                 seed=job.seed,
-                max_frames=max(1, math.ceil(job.max_seconds * self.codec.frame_rate)),
-                guidance=job.guidance,
-                tag=job,
+                max_frames=self.max_frames(job.max_seconds),
+                guidance=self.checkpoint.guidance(job.guidance),
+                tag=tag,
+                **({"repetition": repetition} if repetition else {}),
                 **({"voice_text": job.voice_text} if job.voice_text is not None else {}),
+                **({"depth_sampling": depth} if depth is not None else {}),
             )
         return self.prompts.asr(
-            codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=job
+            codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=tag
         )
 
-    def _finish(self, outputs) -> Iterator[Result]:
+    def max_frames(self, seconds: float | None) -> int:
+        """Frames of audio for ``seconds`` (None: the checkpoint's default length)."""
+        if seconds is None:
+            if self.checkpoint.defaults.max_frames is not None:
+                return self.checkpoint.defaults.max_frames
+            seconds = DEFAULT_MAX_SECONDS
+        return max(1, math.ceil(seconds * self.codec.frame_rate))
+
+    @property
+    def max_piece_chars(self) -> int:
+        """The longest piece of text one request speaks (longer texts are cut: speechctl.text)."""
+        return MAX_PIECE_CHARS
+
+    def _finish(self, outputs, decodes) -> Iterator[Result]:
+        """Results that need no codec (ASR, failures); the step's finished TTS audio goes to
+        ``decodes`` as one batch."""
         speech_out, codes = [], []
         for out in outputs:
-            job = out.tag
-            if out.error:
-                yield _failure(job, f"{job.id}: {out.error}", self.sample_rate)
-            elif isinstance(job, TtsJob):
+            tag, job = out.tag, getattr(out.tag, "job", out.tag)
+            if isinstance(tag, PartOf) and tag.whole.failed:
+                continue
+            error = out.error
+            if error is None and isinstance(job, TtsJob):
                 try:
                     (segment,) = self.prompts.audio_segments(out, starts_in_audio=True)
                 except (SpeechctlError, ValueError) as e:
-                    yield _failure(job, f"{job.id}: {e}", self.sample_rate)
-                    continue
-                speech_out.append(job)
+                    error = str(e)
+            if error is not None:
+                if isinstance(tag, PartOf):  # the job fails as a whole: stop its other pieces
+                    tag.whole.failed = True
+                    self.engine.abort([t for t in self.engine.tags() if isinstance(t, PartOf) and t.whole is tag.whole])
+                    error = f"piece {tag.index + 1} of {len(tag.whole.pieces)}: {error}"
+                yield failure(job, f"{job.id}: {error}", self.sample_rate)
+            elif isinstance(job, TtsJob):
+                speech_out.append(tag)
                 codes.append(segment)
             else:
                 yield AsrResult(job.id, self.prompts.text(out))
-        if speech_out:
-            for job, segment, wave in zip(speech_out, codes, self.codec.decode(codes)):
-                yield TtsResult(job.id, wave, self.sample_rate, codes=segment)
+        decodes.submit(list(zip(speech_out, codes)), codes)
+
+    def _decoded(self, decodes, wait: bool = False) -> Iterator[Result]:
+        for (tag, segment), wave in decodes.ready(wait):
+            yield from self._tts_result(tag, segment, wave)
+
+    def _tts_result(self, tag, segment: np.ndarray, wave: np.ndarray) -> Iterator[TtsResult]:
+        if not isinstance(tag, PartOf):
+            frames = self.max_frames(tag.max_seconds)
+            capped = [cap_warning(tag.id, frames / self.codec.frame_rate)] if segment.shape[1] >= frames else []
+            yield TtsResult(tag.id, wave, self.sample_rate, codes=segment, warnings=capped)
+            return
+        whole = tag.whole
+        if segment.shape[1] >= tag.max_frames:
+            whole.warnings.append(cap_warning(whole.job.id, tag.max_frames / self.codec.frame_rate, tag.index, len(whole.pieces)))
+        whole.add(tag.index, segment, wave)
+        if whole.done:
+            yield whole.result(self.sample_rate)
 
     def close(self) -> None:
         if self.replicas:
@@ -281,6 +269,13 @@ def shared(key: tuple, make):
     return _LOADED[key]
 
 
+def close_shared() -> None:
+    """Close every engine loaded with ``shared`` in this process and give its memory back."""
+    while _LOADED:
+        _, engine = _LOADED.popitem()
+        engine.close()
+
+
 def load_asr(model: str | Path | None = None, *, engine_config=None, whisper_config=None):
     """The engine for ASR jobs: Whisper (``speechctl.asr.WhisperAsr``) when ``model`` is a
     Whisper model or None (the default, whisper-tiny.en), else a multi-stream :class:`Speech`.
@@ -290,26 +285,6 @@ def load_asr(model: str | Path | None = None, *, engine_config=None, whisper_con
     if is_whisper(model):
         return WhisperAsr(model, whisper_config)
     return Speech(model, engine_config=engine_config)
-
-
-def _validate(job: Job) -> str | None:
-    if isinstance(job, TtsJob):
-        if not job.text or not job.text.strip():
-            return f"{job.id}: empty text"
-        if job.max_seconds <= 0:
-            return f"{job.id}: max_seconds must be positive"
-        if job.voice is not None and len(job.voice) == 0:
-            return f"{job.id}: empty voice prompt"
-    elif isinstance(job, AsrJob):
-        if job.audio is None or len(job.audio) == 0:
-            return f"{job.id}: empty audio"
-    return None
-
-
-def _failure(job: Job, error: str, sample_rate: int) -> Result:
-    if getattr(job, "task", None) == "tts":
-        return TtsResult(job.id, None, sample_rate, error=error)
-    return AsrResult(job.id, None, error=error)
 
 
 __all__ = ["Speech", "load_asr", "TtsJob", "AsrJob", "FailedJob", "TtsResult", "TtsChunk", "AsrResult", "InputError"]

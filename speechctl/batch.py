@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speechctl.api import AsrJob, FailedJob, Speech, TtsJob
-from speechctl.audio import read_audio, write_audio, write_json_atomic, write_text_atomic
+from speechctl.audio import read_audio, write_audio, write_json_atomic, write_npy_atomic, write_text_atomic
 from speechctl.errors import InputError
 from speechctl.manifest import (
     ManifestError,
@@ -26,6 +26,7 @@ class BatchReport:
     done: int = 0
     skipped: int = 0  # finished in an earlier run
     failed: list[str] = field(default_factory=list)  # one line per failure
+    warnings: list[str] = field(default_factory=list)  # one line per warning (e.g. audio at its cap)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,9 @@ def run_batch(
         extras = {}
         if error is None and item.task == "tts":
             extras["duration_s"] = round(result.duration, 3)
+            if result.warnings:
+                extras["warnings"] = result.warnings
+                report.warnings += [f"line {item.line}: {w}" for w in result.warnings]
         if error is None and item.task == "asr":
             extras["text"] = result.text
             if result.segments is not None:
@@ -96,7 +100,7 @@ def _results(speech, asr, items: list[ManifestItem], job_options) -> Iterator:
 
 
 def _failure_result(item: ManifestItem, error: str):
-    from speechctl.api import AsrResult, TtsResult
+    from speechctl.jobs import AsrResult, TtsResult
 
     return TtsResult(item.id, None, 0, error=error) if item.task == "tts" else AsrResult(item.id, None, error=error)
 
@@ -107,7 +111,7 @@ def _jobs(speech, items: list[ManifestItem], job_options) -> Iterator:
         try:
             if item.task == "tts":
                 voice = read_audio(f["voice"], speech.sample_rate) if "voice" in f else None
-                options = job_options(f)
+                options = job_options(f, defaults=speech.checkpoint.defaults)
                 extra = {k: f[k] for k in ("max_seconds", "voice_text") if k in f}
                 yield TtsJob(id=item.id, text=f["text"], voice=voice, **options, **extra)
             else:
@@ -122,6 +126,8 @@ def _write_output(item: ManifestItem, result, out_dir: Path) -> str | None:
     try:
         if item.task == "tts":
             write_audio(path, result.audio, result.sample_rate, item.fields["format"])
+            if item.fields.get("codes_out"):
+                write_npy_atomic(path.with_name(f"{path.stem}.codes.npy"), result.codes)
         elif item.fields["format"] == "json":
             record = {"id": item.id, "text": result.text}
             if result.segments is not None:

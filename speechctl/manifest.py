@@ -126,6 +126,13 @@ def _positive(key: str, value: Any, base_dir: Path) -> float:
     return number
 
 
+def _flag(key: str, value: Any, base_dir: Path) -> bool:
+    """true or false."""
+    if not isinstance(value, bool):
+        raise _FieldError(f"{key!r} must be true or false, got {_show(value)}")
+    return value
+
+
 def _choice(*choices: str) -> Callable[[str, Any, Path], str]:
     """A validator accepting one of ``choices``."""
 
@@ -153,7 +160,11 @@ _SCHEMAS: dict[str, dict[str, tuple[Validator, bool]]] = {
         "audio_temperature": (_non_negative, False),
         "audio_top_k": (_non_negative_int, False),
         "audio_top_p": (_top_p, False),
+        "depth_temperature": (_non_negative, False),
+        "depth_top_k": (_non_negative_int, False),
+        "depth_top_p": (_top_p, False),
         "max_seconds": (_positive, False),
+        "codes_out": (_flag, False),  # also write <id>.codes.npy: the generated codes [K, T]
         "cfg": (_non_negative, False),
         "cfg_streams": (_choice("text", "audio", "both"), False),
         "cfg_top_k": (_non_negative_int, False),

@@ -12,13 +12,16 @@ def _isolated_cache(tmp_path_factory):
     import os
 
     os.environ["SPEECHCTL_CACHE"] = str(tmp_path_factory.mktemp("speechctl-cache"))
+    # Tests that take the default model mean the random `tiny` (its layout, its speed), whether or
+    # not this install ships speechctl's voice; tests/test_voice_default.py unsets it.
+    os.environ["SPEECHCTL_MODEL"] = "tiny"
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """A random multi-stream checkpoint in float32. Weights are drawn with a larger spread than
     the default model's so that greedy choices are separated by more than float rounding."""
-    from speechctl.models.tiny import MultiStreamRecipe, create_multistream_checkpoint
+    from speechctl.models.generic.checkpoint import MultiStreamRecipe, create_multistream_checkpoint
 
     path = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
     return create_multistream_checkpoint(path, MultiStreamRecipe(seed=3, init_std=0.3))
@@ -40,5 +43,5 @@ def engines_of_this_module():
 
     from speechctl import api
 
-    api._LOADED.clear()
-    gc.collect()  # free them now, not in the middle of a test
+    api.close_shared()  # free them now, not in the middle of a test
+    gc.collect()

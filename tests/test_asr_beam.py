@@ -91,7 +91,9 @@ def test_the_encoder_runs_once_per_window_whatever_the_beam_and_the_fallback(asr
     """Four windows never seen by the engine, beam 5, and a log-probability threshold that no
     result meets: every window is decoded at all six temperatures (best of 5 above 0), 26 lanes
     each, and the encoder (counted at vLLM's own encoder module) runs four times."""
-    encoder = asr._llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model().model.encoder
+    from speechctl.engine import vllm_compat
+
+    encoder = vllm_compat.engine_runner(asr._engine).get_model().model.encoder
     seen = []
     forward = encoder.forward
 

@@ -17,6 +17,12 @@ def test_cfg_bench_runs_both_modes_with_fixed_lengths():
     for row in result["results"]:
         assert row["plain_frames_per_s"] > 0 and row["cfg_frames_per_s"] > 0
         assert row["cfg_ratio"] == pytest.approx(row["cfg_frames_per_s"] / row["plain_frames_per_s"], rel=1e-2)
+        # the efficiency against the physical limit: CFG(c) / (R(2c)/2), R measured at 2c in the same run
+        assert row["cfg_efficiency"] == pytest.approx(row["cfg_frames_per_s"] / (row["plain_2c_frames_per_s"] / 2), rel=1e-2)
+        assert row["cfg_limit"] == pytest.approx(row["plain_2c_frames_per_s"] / 2 / row["plain_frames_per_s"], rel=1e-2)
+        for mode in ("plain", "plain_2c", "cfg"):  # the scheduler's host time, per step of a run of >= 12 steps
+            assert 0 < row[f"{mode}_schedule_ms"] < row[f"{mode}_step_ms"] and row[f"{mode}_update_ms"] > 0
+            assert row[f"{mode}_step_ms"] * 12 <= row[f"{mode}_seconds"] * 1e3 * 1.01
     assert result["pair_violations"] == 0
     assert result["model"]["codebooks"] == 4 and len(lines) == 2
 
@@ -90,3 +96,47 @@ def test_committed_results_redraw(tmp_path, name, panels):
     subprocess.run([sys.executable, str(root / "benchmarks/replot.py"), str(root / f"docs/benchmarks/{name}.json"), str(out)], check=True)
     height, width, _ = matplotlib.image.imread(out).shape
     assert (width, height) == (panels * 5 * 110, 4 * 110)  # 5 x 4 inches per panel at 110 dpi
+
+
+def test_workload_bench_drives_arrivals_of_mixed_requests():
+    """Streamed and one-shot requests of varied sampling (and CFG) arrive into one engine; each
+    row reports what it names, the saturated run first."""
+    from speechctl.api import Speech
+    from speechctl.bench.workload import run_workload_bench, workload
+    from speechctl.engine.config import EngineConfig
+
+    import numpy as np
+
+    jobs = workload(40, np.random.default_rng(0), 50.0, cfg=True)
+    assert {stream for _, stream in jobs} == {True, False} and any(j.guidance.enabled for j, _ in jobs)
+    assert len({j.audio_sampling.top_k for j, _ in jobs}) > 20
+    speech = Speech(engine_config=EngineConfig(max_num_seqs=16, kv_cache_bytes=1 << 27))
+    try:
+        result = run_workload_bench(speech, rates=(0.8,), requests=4, log=lambda line: None)
+    finally:
+        speech.close()
+    (row,) = result["results"]
+    assert row["requests"] == 4 and row["audio_s"] == result["saturation"]["audio_s"] > 0
+    assert row["ttfa_p50_ms"] <= row["e2e_p50_ms"] and row["ttfa_p95_ms"] <= row["e2e_p95_ms"]
+    assert result["graph_captures_timed"] == 0  # the CPU has no per-step graphs
+
+
+def test_arnar_bench_sets_both_models_side_by_side():
+    """AR+NAR and the delay model of the same backbone, a process each, in one result: equal and
+    spread lengths per concurrency, the AR+NAR rows with its stage timing."""
+    from speechctl.bench.arnar import lengths, run_arnar_bench
+
+    assert lengths(4, 16, "spread") == [16, 14, 12, 10] and lengths(2, 16, "equal") == [16, 16]
+    seen, lines = [], []
+    result = run_arnar_bench("tiny", concurrencies=(1, 3), frames=8, repeats=1, log=lines.append,
+                             partial=lambda r: seen.append(sorted(r["models"])))
+    assert result["errors"] == [] and seen == [["arnar"], ["arnar", "delay"]] and len(lines) == 2
+    assert result["models"]["arnar"]["delays"] == [0, 0, 0, 0] and result["models"]["delay"]["delays"] == [0, 1, 2, 3]
+    assert [r["concurrency"] for r in result["results"]] == [1, 3] and [r["concurrency"] for r in result["spread"]] == [3]
+    for row in result["results"] + result["spread"]:
+        assert row["arnar_frames_per_s"] > 0 and row["delay_frames_per_s"] > 0
+        assert row["frames_per_s_ratio"] == pytest.approx(row["arnar_frames_per_s"] / row["delay_frames_per_s"], rel=1e-2)
+        assert 0 < row["arnar_ar_end_s"] <= row["arnar_ttla_max_s"] and row["arnar_nar_batches"] >= 1
+        assert row["arnar_ar_step_ms_alone"] > 0 and row["arnar_handoff_ms_per_step"] >= 0
+    (spread,) = result["spread"]
+    assert spread["frames"] == [6, 8]

@@ -52,7 +52,7 @@ def assert_matches_reference(reference, engine, reqs, outs):
 
 def cfg_requests(engine, rng, n, frames=(4, 20)):
     from speechctl.engine.params import Guidance
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     K, C = engine.spec.num_codebooks, engine.spec.pattern.codebook_size
@@ -113,7 +113,7 @@ def test_pairs_stay_in_step_under_preemption(tiny_checkpoint, reference):
 
 def test_abort_frees_both_members(tiny_checkpoint):
     from speechctl.engine.params import Guidance
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     engine = make_engine(tiny_checkpoint)
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
@@ -137,7 +137,7 @@ def test_abort_frees_both_members(tiny_checkpoint):
 
 def test_identical_unconditional_prompts_share_cached_blocks(tiny_checkpoint):
     from speechctl.engine.params import Guidance
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     engine = make_engine(tiny_checkpoint)
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)

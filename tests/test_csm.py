@@ -27,7 +27,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def csm_path(tmp_path_factory):
-    from speechctl.models.csm_checkpoint import CsmRecipe, create_csm_checkpoint
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
 
     return create_csm_checkpoint(tmp_path_factory.mktemp("csm") / "tiny-csm", CsmRecipe(seed=2))
 
@@ -57,14 +57,12 @@ def engine(request, csm_path):
 
 
 def prompts_of(engine):
-    from speechctl.models.families import family_of, read_model_config
-
-    return family_of(read_model_config(engine.model_dir)).prompt_builder(engine.spec, engine.tokenizer)
+    return engine.prompt_builder()
 
 
 def requests(engine, codec, rng, frames=(9, 14, 20, 6, 12, 17)):
     """TTS requests and, per request, the context waveforms transformers gets."""
-    from speechctl.models.csm_prompts import Turn
+    from speechctl.models.csm.prompts import Turn
 
     prompts = prompts_of(engine)
     texts = ["Hi", "Hello world", "A longer sentence to speak aloud.", "x" * 30]
@@ -152,7 +150,7 @@ def test_end_frame_stops_like_transformers(tmp_path_factory, codec):
     from test_parity import make_engine
     from transformers import CsmForConditionalGeneration
 
-    from speechctl.models.csm_checkpoint import CsmRecipe, create_csm_checkpoint
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
 
     path = create_csm_checkpoint(tmp_path_factory.mktemp("csm") / "ends", CsmRecipe(seed=4, silent_depth=True))
     engine = make_engine(path)
@@ -170,7 +168,7 @@ def test_end_frame_stops_like_transformers(tmp_path_factory, codec):
 
 
 def test_context_audio_changes_the_output(engine, codec):
-    from speechctl.models.csm_prompts import Turn
+    from speechctl.models.csm.prompts import Turn
 
     prompts = prompts_of(engine)
     rng = np.random.default_rng(5)

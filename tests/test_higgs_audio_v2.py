@@ -27,7 +27,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def higgs_path(tmp_path_factory):
-    from speechctl.models.higgs_checkpoint import HiggsRecipe, create_higgs_checkpoint
+    from speechctl.models.higgs.checkpoint import HiggsRecipe, create_higgs_checkpoint
 
     return create_higgs_checkpoint(tmp_path_factory.mktemp("higgs") / "tiny-higgs", HiggsRecipe(seed=1))
 
@@ -50,9 +50,7 @@ def engine(request, higgs_path):
 
 
 def prompts_of(engine):
-    from speechctl.models.families import family_of, read_model_config
-
-    return family_of(read_model_config(engine.model_dir)).prompt_builder(engine.spec, engine.tokenizer)
+    return engine.prompt_builder()
 
 
 def requests(engine, rng):
@@ -235,8 +233,9 @@ def test_cli_voice_with_its_transcript(higgs_path, tmp_path):
     from speechctl.api import _LOADED
 
     from speechctl.models.catalog import codec_sample_rate
+    from speechctl.models.families import open_checkpoint
 
-    rate = codec_sample_rate(higgs_path)
+    rate = codec_sample_rate(open_checkpoint(higgs_path))
     voice = tmp_path / "voice.wav"
     sf.write(voice, (0.1 * np.sin(np.arange(rate) * 0.05)).astype(np.float32), rate)
     common = ["tts", "Hello there.", "--model", str(higgs_path), "--voice", str(voice), "--audio-temperature", "0",

@@ -36,7 +36,7 @@ def engine(request, tiny_checkpoint):
 
 
 def mixed_requests(engine, rng):
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     K, C = engine.spec.num_codebooks, engine.spec.pattern.codebook_size
@@ -112,7 +112,7 @@ def test_mixed_batch_equals_reference(engine, reference):
 
 def test_tts_output_is_a_complete_delay_layout(engine):
     """Every TTS output ends its audio with each stream's EOS at its delay, then <|audio_eos|>."""
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     reqs = [prompts.tts("abc" * n, max_frames=3 + n, tag=n) for n in range(4)]
@@ -128,7 +128,7 @@ def test_tts_output_is_a_complete_delay_layout(engine):
 def test_prefix_cache_does_not_mix_audio(tiny_checkpoint, reference):
     """Two prompts with identical primary tokens but different audio codes: the second must not
     reuse KV computed for the first (vLLM hashes the audio items into the block hashes)."""
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     engine = make_engine(tiny_checkpoint)
     engine.name = "prefix-cache"
@@ -157,7 +157,7 @@ def test_prefix_cache_does_not_mix_audio(tiny_checkpoint, reference):
 def test_other_backbones_equal_reference(tmp_path, backbone):
     """The backbone is vLLM's own implementation chosen by config.json's model_type."""
     from reference import ReferenceModel
-    from speechctl.models.tiny import MultiStreamRecipe, create_multistream_checkpoint
+    from speechctl.models.generic.checkpoint import MultiStreamRecipe, create_multistream_checkpoint
 
     path = create_multistream_checkpoint(tmp_path / backbone, MultiStreamRecipe(backbone=backbone, seed=5, init_std=0.3))
     engine = make_engine(path)
@@ -170,7 +170,7 @@ def test_other_backbones_equal_reference(tmp_path, backbone):
 
 def test_audio_budget_shrinks_to_fit_max_model_len(engine):
     """A TTS prompt close to max_model_len gets fewer frames, but its audio still ends properly."""
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     limit = engine.config.max_model_len
@@ -186,7 +186,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine):
     """Sampled audio streams (temperature, top-k, top-p) with a seed come out the same whether
     the request runs alone or beside others with other settings."""
     from speechctl.engine.params import Sampling
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     audio = Sampling(temperature=1.0, top_k=20, top_p=0.9)
@@ -213,7 +213,7 @@ def test_generated_blocks_stay_out_of_the_prefix_cache(tiny_checkpoint):
     blocks may be cached: a prompt that repeats another request's prompt and primary outputs
     hits the cache for the prompt part only."""
     from speechctl.engine.engine import StreamRequest
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     engine = make_engine(tiny_checkpoint)
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
@@ -247,7 +247,7 @@ def test_per_step_work_compiles_by_default_on_cuda_only(monkeypatch):
     environment overrides either way, and a value it does not know is an error that names it."""
     import torch
 
-    from speechctl.engine.state import compile_per_step_work
+    from speechctl.engine.runtime import compile_per_step_work
     from speechctl.errors import EngineError
 
     monkeypatch.delenv("SPEECHCTL_COMPILE", raising=False)

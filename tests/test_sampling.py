@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from speechctl.engine.sampling import gumbel_noise, row_settings, sample_streams
+from speechctl.engine.runtime.sampling import gumbel_noise, row_settings, sample_streams
 
 
 def _sample(logits, temperature=1.0, top_k=0, top_p=1.0, seed=0, step=0):
@@ -163,20 +163,53 @@ def test_runtime_sampling_flags_follow_the_live_requests():
     """The host facts the runtime hands the sampler (and keys its graphs by) follow the live
     requests' settings as they come and go; depth-decoder settings are counted apart."""
     from speechctl.engine.params import Sampling, StreamParams
-    from speechctl.engine.state import StreamRuntime
-    from speechctl.models.csm_checkpoint import CsmRecipe, csm_config
-    from speechctl.models.families import csm_spec
+    from speechctl.engine.runtime import StreamRuntime
+    from speechctl.models.csm.checkpoint import CsmRecipe, csm_config
+    from speechctl.models.csm.family import csm_spec
+
+    from speechctl.engine.runtime.slots import Admitted
 
     runtime = StreamRuntime(csm_spec(csm_config(CsmRecipe()).to_dict()), max_rows=4, max_len=64, device=torch.device("cpu"))
-    flags = runtime._sampling_flags
+    flags = runtime.table.settings.sampling_flags
+
+    def admit(row, params):
+        runtime.admit(row + 1, [], [Admitted(row, params, prompt_len=3)], [])
     assert flags() == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}
-    runtime._claim(StreamParams("a", 1, audio=Sampling(temperature=0.9, top_k=50), depth=Sampling(temperature=0.0)))
+    admit(0, StreamParams("a", 1, audio=Sampling(temperature=0.9, top_k=50), depth=Sampling(temperature=0.0)))
     assert flags() == {"any_random": True, "all_random": True, "any_filter": True, "max_top_k": 50, "any_top_p": False}
     assert flags(depth=True) == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0,
                                  "any_top_p": False}
-    runtime._claim(StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))
+    admit(1, StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))
     assert flags() == {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
     runtime.release(["a"])
     assert flags() == {"any_random": False, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
     runtime.release(["b"])
     assert flags() == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}
+
+
+def test_the_general_path_draws_what_the_specialized_paths_draw():
+    """On CUDA the audio codebooks always take the general path (one graph whatever the live
+    requests' settings): it must give every row the token the path specialized for the batch's
+    settings gives — greedy rows, unfiltered rows, top-k and top-p rows alike."""
+    from speechctl.engine.runtime.slots import GENERAL_SAMPLING
+
+    gen = torch.Generator().manual_seed(4)
+    R, K, V = 64, 4, 67
+    logits = torch.randn(R, K, V, generator=gen) * 3
+    logits[:, :, -3:] = float("-inf")  # rule-masked specials
+    seed, step = torch.randint(0, 1 << 40, (R,), generator=gen), torch.randint(0, 500, (R,), generator=gen)
+    cases = {
+        "greedy": (torch.zeros(R), torch.zeros(R, dtype=torch.int64), torch.ones(R)),
+        "random": (torch.full((R,), 0.9), torch.zeros(R, dtype=torch.int64), torch.ones(R)),
+        "top-k": (torch.full((R,), 0.9), torch.randint(1, 40, (R,), generator=gen), torch.ones(R)),
+        "top-p": (torch.full((R,), 1.1), torch.zeros(R, dtype=torch.int64), torch.full((R,), 0.7)),
+    }
+    for name, (temperature, top_k, top_p) in cases.items():
+        mixed = torch.arange(R) % 2 == 0  # half the rows greedy: the general path mixes them
+        temperature = torch.where(mixed, 0.0, temperature)
+        specialized = dict(any_random=bool((temperature > 0).any()), all_random=bool((temperature > 0).all()),
+                           any_filter=bool(((top_k > 0) | (top_p < 1)).any()), max_top_k=int(top_k.max()) if (top_p == 1).all() else 0,
+                           any_top_p=bool((top_p < 1).any()))
+        want = sample_streams(logits, temperature, top_k, top_p, seed, step, **specialized)
+        got = sample_streams(logits, temperature, top_k, top_p, seed, step, **GENERAL_SAMPLING)
+        assert torch.equal(got, want), name

@@ -1,11 +1,11 @@
-"""speechctl.engine.graphs on CUDA: a replayed step equals the eager step, padding rows write only
+"""speechctl.engine.runtime.graphs on CUDA: a replayed step equals the eager step, padding rows write only
 where the caller says, and batches past the largest bucket are left to the caller. (The engine-
 level check is the parity suite, which runs with these graphs on CUDA.)"""
 
 import pytest
 import torch
 
-from speechctl.engine.graphs import StepGraphs, step_graphs_enabled
+from speechctl.engine.runtime.graphs import StepGraphs, step_graphs_enabled
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 

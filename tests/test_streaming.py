@@ -108,14 +108,14 @@ def test_many_requests_share_one_decoder_call_per_step(codec):
 
 
 def _spec():
-    from speechctl.models.tiny import byte_stream_spec
+    from speechctl.models.generic.checkpoint import byte_stream_spec
 
     return byte_stream_spec((0, 1, 2, 3), 64)
 
 
 def test_reader_reports_each_frame_once_every_stream_has_it():
     from speechctl.models.audio_stream import AudioEvent, AudioStreamReader
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     spec = _spec()
     codes = np.random.default_rng(2).integers(0, 64, (4, 9))
@@ -139,7 +139,7 @@ def test_reader_reports_each_frame_once_every_stream_has_it():
 def test_reader_splits_text_and_audio_segments():
     from speechctl.errors import EngineError
     from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     spec = _spec()
     rng = np.random.default_rng(3)

@@ -56,7 +56,7 @@ def test_build_rejects_out_of_range_codes():
 
 
 def test_spec_round_trips_through_config_dict():
-    from speechctl.models.tiny import byte_stream_spec
+    from speechctl.models.generic.checkpoint import byte_stream_spec
 
     spec = byte_stream_spec((0, 1, 2, 3), 64)
     assert StreamSpec.from_dict(spec.to_dict()) == spec

@@ -43,7 +43,7 @@ def test_two_ranks_sample_identically_and_match_the_reference(tp_engine, referen
 
 def test_two_ranks_stay_identical_when_sampling(tp_engine):
     from speechctl.engine.params import Sampling
-    from speechctl.models.prompts import MultiStreamPrompts
+    from speechctl.models.generic.prompts import MultiStreamPrompts
 
     prompts = MultiStreamPrompts(tp_engine.spec, tp_engine.tokenizer)
     hot = Sampling(temperature=1.0, top_k=20, top_p=0.9)

@@ -19,6 +19,8 @@ def test_vllm_series_is_supported():
 def test_engine_environment_is_known_to_vllm():
     import vllm.envs as envs
 
+    vllm_compat.apply_engine_environment()  # what every engine start does first
+
     for name in vllm_compat._ENGINE_ENV:
         assert name in envs.environment_variables, name
     assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
@@ -304,6 +306,137 @@ def test_stream_params_ride_in_extra_args_as_one_object():
     assert StreamParams.from_extra_args(sampling.clone().extra_args) is params
     assert StreamParams.from_extra_args(pickle.loads(pickle.dumps(sampling)).extra_args) == params
     request = SimpleNamespace(sampling_params=sampling)
-    assert vllm_compat._pair_key(request) == ("r1", "r1u")
+    from speechctl.engine import pairs
+
+    assert pairs.pair_key(request) == ("r1", "r1u")
     with pytest.raises(ValueError, match="lacks speechctl stream parameters"):
         StreamParams.from_extra_args({"speechctl": {"key": "r1"}})
+
+
+def test_fused_moe_kernel_takes_the_dual_ffn_call():
+    """Higgs' DualFFN runs as a two-expert mixture through vLLM's fused MoE kernel
+    (vllm_compat.grouped_mlp); on CUDA it equals the two MLPs computed apart and picked."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts  # (the package exports a stub without Triton)
+
+    params = list(inspect.signature(fused_experts).parameters)
+    assert params[:5] == ["hidden_states", "w1", "w2", "topk_weights", "topk_ids"] and "global_num_experts" in params
+    if not torch.cuda.is_available():
+        return
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    n, H, I = 37, 256, 512
+    x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w13 = torch.randn(2, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=gen) / H**0.5
+    w2 = torch.randn(2, H, I, device="cuda", dtype=torch.bfloat16, generator=gen) / I**0.5
+    ids = (torch.rand(n, 1, device="cuda", generator=gen) < 0.7).to(torch.int32)
+
+    def mlp(e):
+        gate, up = (x.float() @ w13[e].float().T).split(I, dim=-1)
+        return (F.silu(gate) * up) @ w2[e].float().T
+
+    want = torch.where(ids.bool(), mlp(1), mlp(0))
+    got = vllm_compat.grouped_mlp(x, w13, w2, ids).float()
+    assert (got - want).norm() / want.norm() < 2e-2
+
+
+# -- Whisper (speechctl/asr/): beam lanes, the shared encoder ------------------------------------
+
+
+def test_whisper_decoder_prompts_can_keep_their_own_start():
+    """keep_whisper_decoder_prompts: vLLM reads ``skip_decoder_start_token`` off an
+    encoder-decoder multimodal processor before it would prepend the decoder start token
+    (0.26: InputPreprocessor; 0.32: the renderer), and Whisper's processor is one."""
+    from vllm.model_executor.models.whisper import WhisperMultiModalProcessor
+    from vllm.multimodal.processing import EncDecMultiModalProcessor
+
+    assert issubclass(WhisperMultiModalProcessor, EncDecMultiModalProcessor)
+    assert hasattr(WhisperMultiModalProcessor, "skip_decoder_start_token")
+    if vllm_compat.VLLM_SERIES == "0.26":
+        from vllm.inputs.preprocess import InputPreprocessor as reader
+    else:
+        from vllm.renderers.base import BaseRenderer as reader
+    assert "mm_processor.skip_decoder_start_token" in inspect.getsource(reader)
+
+
+def test_whisper_lanes_read_the_scheduler_and_the_block_tables():
+    """scheduler_budgets and SelfAttentionKv: the scheduler's three per-step budgets, the KV
+    cache groups (cross-attention apart), the runner's block table per group, and each layer's
+    block dimension (0.26: the backend says; 0.32: the per-layer view is block-first)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+    from vllm.v1.worker.block_table import BlockTable, MultiGroupBlockTable
+    from types import SimpleNamespace
+
+    init = inspect.getsource(Scheduler.__init__)
+    for name in ("max_num_running_reqs", "max_num_scheduled_tokens", "max_num_encoder_input_tokens"):
+        assert f"self.{name} =" in init, name
+    assert {"kv_cache_groups", "num_blocks"} <= set(KVCacheConfig.__dataclass_fields__)
+    assert CrossAttentionSpec.__mro__[1].__name__ == "AttentionSpec"
+    assert "self.block_table = " in inspect.getsource(BlockTable.__init__)
+    assert hasattr(MultiGroupBlockTable, "__getitem__")
+    if vllm_compat.VLLM_SERIES == "0.26":
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+        spec = SimpleNamespace(num_kv_heads=4, head_size=64)
+        assert vllm_compat._kv_block_dim(FlashAttentionBackend, 16, spec) == 0
+    else:
+        import vllm.v1.kv_cache_layout as layout
+
+        assert "The logical shape is always [L, B, H, N, <content>]" in inspect.getsource(layout)
+
+
+def test_whisper_encoder_outputs_are_never_shared_by_vllm():
+    """share_mm_encoder: vLLM runs every encoder-decoder request's encoder input itself (its
+    cache manager never reports a hit) through the model instance's ``embed_multimodal``."""
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert inspect.getsource(EncoderDecoderCacheManager.check_and_update_cache).rstrip().endswith("return False")
+    assert "model.embed_multimodal(" in inspect.getsource(GPUModelRunner._execute_mm_encoder)
+
+
+@pytest.mark.engine
+def test_whisper_shims_on_a_live_engine(tmp_path):
+    """On a tiny random Whisper engine: the runner, the decoding logits processor, the budgets,
+    one self-attention KV group whose layers' block dimension has the cache's block count, a KV
+    block copy that moves exactly the blocks named, and one encoder pass for a window's beams."""
+    from speechctl.asr import WhisperAsr, WhisperConfig, WhisperOptions
+    from speechctl.asr.decoder import WhisperDecoding
+    from speechctl.jobs import AsrJob
+    from test_asr_reference import make_checkpoint, noise_audio
+
+    asr = WhisperAsr(make_checkpoint(tmp_path / "en", "en"), WhisperConfig(max_num_seqs=8, max_group=4))
+    try:
+        runner = vllm_compat.engine_runner(asr._engine)
+        assert vllm_compat.runner_logits_processor(runner, WhisperDecoding) is asr.decoding
+        assert set(asr.budgets) == {"sequences", "tokens", "encoder_tokens"} and asr.budgets["sequences"] == 8
+        kv = asr.decoding.kv
+        blocks = runner.kv_cache_config.num_blocks
+        assert kv.caches and all(c.shape[d] == blocks for c, d in zip(kv.caches, kv.dims))
+        cache, dim = kv.caches[0], kv.dims[0]
+        ids = lambda *b: torch.tensor(b, device=cache.device)  # noqa: E731
+        saved = [c.clone() for c in kv.caches]
+        table = kv.table()
+        src_row, dst_row = table[0, :2].copy(), table[1, :2].copy()
+        try:
+            table[0, :2], table[1, :2] = [3, 4], [5, 6]  # rows 0 and 1 hold blocks 3, 4 and 5, 6
+            cache.index_fill_(dim, ids(3, 4, 7), 1.0)
+            cache.index_fill_(dim, ids(5, 6), 0.0)
+            kv.copy([0], [1], [kv.block_size + 1])  # two blocks' worth
+            assert bool((cache.index_select(dim, ids(5, 6)) == 1.0).all())
+            cache.index_fill_(dim, ids(5, 6), 0.0)
+            kv.copy([0], [1], [kv.block_size])  # one block's worth
+            assert bool((cache.index_select(dim, ids(5)) == 1.0).all()) and bool((cache.index_select(dim, ids(6)) == 0.0).all())
+        finally:
+            table[0, :2], table[1, :2] = src_row, dst_row
+            for c, s in zip(kv.caches, saved):
+                c.copy_(s)
+        encoded = asr.encoder.encoded
+        options = WhisperOptions(beam_size=3, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False,
+                                 no_speech_threshold=None)
+        (result,) = asr.run([AsrJob(id="a", audio=noise_audio(1.0, 3), whisper=options, max_tokens=4)])
+        assert result.error is None and len(result.tokens[0]) == 4
+        assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass
+    finally:
+        asr.close()

@@ -8,7 +8,8 @@
   (:class:`WhisperOptions`: beam search, temperature fallback, no-speech, context, language,
   timestamps) is :mod:`speechctl.asr.transcript` (per input), :mod:`speechctl.asr.decoder` (the
   rules, inside vLLM's step) and :mod:`speechctl.asr.beam`; word timestamps
-  :mod:`speechctl.asr.timing`; the vLLM internals it needs :mod:`speechctl.asr.vllm_shims`.
+  :mod:`speechctl.asr.timing`; one encoder pass per window :mod:`speechctl.asr.encoder_cache`. The
+  vLLM internals it needs are shims in :mod:`speechctl.engine.vllm_compat`.
 * :mod:`speechctl.asr.segments` cuts long audio into windows and writes txt/json/srt/vtt.
 """
 

@@ -5,7 +5,7 @@ Each window's beam is a ``BeamGroup`` of B lanes; each lane is one vLLM request.
 for every lane, the top B+1 log-probabilities of its next token (computed on the device, after
 Whisper's token rules), and returns for every lane the token it continues with and the lane
 whose history it continues (its parent). A lane whose parent is another lane gets a copy of the
-parent's KV cache (``vllm_shims.KvCopier``), so the search never re-runs the encoder or the
+parent's KV cache (``vllm_compat.SelfAttentionKv``), so the search never re-runs the encoder or the
 prompt. The rules, per step::
 
     candidates   every lane's top B+1 tokens, score = the lane's sum of log-probs + the token's

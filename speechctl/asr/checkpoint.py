@@ -36,7 +36,7 @@ def ensure_whisper(name: str = DEFAULT_ASR_MODEL) -> Path:
     use, atomically, in the cache."""
     from speechctl.asr.convert import CONVERTER_VERSION, convert
     from speechctl.asr.probe import check_known_logits
-    from speechctl.models.tiny import cached_model
+    from speechctl.models.cache import cached_model
 
     if name not in BUILTIN:
         raise ModelError(f"unknown Whisper model '{name}' (built-in: {', '.join(BUILTIN)})")

@@ -87,7 +87,7 @@ class WhisperDecoding(LogitsProcessor):
         self.V = vllm_config.model_config.get_vocab_size()
         S = vllm_config.scheduler_config.max_num_seqs + 1  # the last slot stands for unknown rows
         self.capacity = S - 1
-        self.kv = None  # vllm_shims.KvCopier, attached by the driver (beam search needs it)
+        self.kv = None  # vllm_compat.SelfAttentionKv, attached by the driver (beam search needs it)
         d = dict(device=device)
         self.n_out = torch.zeros(S, dtype=torch.long, **d)
         self.n_forced = torch.zeros(S, dtype=torch.long, **d)

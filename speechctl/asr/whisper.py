@@ -13,11 +13,12 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
 <|notimestamps|> tokens are forced, the rest follows Whisper's rules and the group's search.
 
 * **Encoder once per window.** The lanes of a window share one multimodal input; vLLM would
-  encode it once per lane (and again for every fallback attempt), so ``vllm_shims.share_encoder``
-  hands identical inputs one encoder pass.
+  encode it once per lane (and again for every fallback attempt), so an
+  :class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's encoder
+  (``vllm_compat.share_mm_encoder``) hands identical inputs one encoder pass.
 * **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
   lane that continues another lane's history gets that lane's self-attention KV blocks copied
-  (``vllm_shims.KvCopier``). The lanes of a group must step together: a group is added only when
+  (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
   the next step can take all of its lanes (sequences, token and encoder budgets, read from vLLM's
   scheduler), and a group whose lanes fall out of step anyway is decoded again.
 * **Fallback in the batch.** A result that needs the next temperature becomes a new group in the
@@ -124,9 +125,9 @@ class WhisperAsr:
     sample_rate = RATE
 
     def __init__(self, model: str | Path | None = None, config: WhisperConfig | None = None):
-        from speechctl.asr import vllm_shims
-        from speechctl.asr.checkpoint import resolve_whisper
+        from speechctl.asr.checkpoint import DEFAULT_ASR_MODEL, resolve_whisper
         from speechctl.asr.decoder import WhisperDecoding
+        from speechctl.asr.encoder_cache import EncoderCache
         from speechctl.asr.vocab import load_vocab
         from speechctl.engine import vllm_compat
 
@@ -134,13 +135,15 @@ class WhisperAsr:
         vllm_compat.apply_engine_environment()
         from vllm import LLM
 
+        self.name = str(model or DEFAULT_ASR_MODEL)
         self.model_dir = resolve_whisper(model)
         self.config = config or WhisperConfig()
         self.on_gpu = has_cuda()
         args = self.config.engine_args(self.model_dir, self.on_gpu)
-        vllm_shims.keep_decoder_prompts()
+        vllm_compat.keep_whisper_decoder_prompts()
         with vllm_compat.other_engines_keep_their_graphs():
             self._llm = LLM(**args)
+        vllm_compat.track_engine(self._llm.llm_engine)
         self._engine = self._llm.llm_engine
         self.tokenizer = self._llm.get_tokenizer()
         self.vocab = load_vocab(self.model_dir, self.tokenizer)
@@ -148,11 +151,11 @@ class WhisperAsr:
         self.eot = self.vocab.eot
         self.max_positions = self.hf_config["max_target_positions"]
         self.encoder_positions = self.hf_config["max_source_positions"]
-        runner = vllm_shims.engine_runner(self._engine)
-        self.decoding = vllm_shims.find_logits_processor(runner, WhisperDecoding)
-        self.decoding.kv = vllm_shims.KvCopier(runner)
-        self.encoder = vllm_shims.share_encoder(runner, capacity=2 * self.config.max_num_seqs)
-        self.budgets = vllm_shims.scheduler_budgets(self._engine)
+        runner = vllm_compat.engine_runner(self._engine)
+        self.decoding = vllm_compat.runner_logits_processor(runner, WhisperDecoding)
+        self.decoding.kv = vllm_compat.SelfAttentionKv(runner)
+        self.encoder = vllm_compat.share_mm_encoder(runner, EncoderCache(capacity=2 * self.config.max_num_seqs))
+        self.budgets = vllm_compat.scheduler_budgets(self._engine)
         self.max_group = min(self.config.max_group, self.budgets["encoder_tokens"] // self.encoder_positions, self.budgets["sequences"])
         self._free_slots = list(range(self.decoding.capacity))
         self._ids = itertools.count()
@@ -164,7 +167,7 @@ class WhisperAsr:
     # -- one-shot -------------------------------------------------------------------------------
 
     def asr(self, audio: np.ndarray, **options):
-        from speechctl.api import AsrJob
+        from speechctl.jobs import AsrJob
 
         (result,) = self.run([AsrJob(id="audio", audio=audio, **options)])
         if result.error:
@@ -179,7 +182,7 @@ class WhisperAsr:
         ``max_window`` seconds are cut into windows (:func:`plan_windows`). ``max_lanes`` caps
         the sequences in the engine at once (default: all it takes), e.g. for a benchmark of one
         engine at several batch sizes."""
-        from speechctl.api import AsrResult, FailedJob
+        from speechctl.jobs import AsrResult, FailedJob
 
         pending = iter(jobs)
         ready: deque[tuple] = deque()  # (state, window, temperature index) not yet in the engine
@@ -272,9 +275,9 @@ class WhisperAsr:
         v = self.vocab
         if not v.multilingual:
             if options.language not in (None, "en"):
-                raise ValueError(f"language {options.language!r}: {self.model_dir.name} is an English-only model")
+                raise ValueError(f"language {options.language!r}: {self.name} is an English-only model")
             if options.task == "translate":
-                raise ValueError(f"--task translate: {self.model_dir.name} is an English-only model (it cannot translate)")
+                raise ValueError(f"--task translate: {self.name} is an English-only model (it cannot translate)")
         elif options.language is not None:
             v.language_token(options.language)
         widest = max(options.beam_size if 0.0 in options.temperatures else 1,
@@ -448,7 +451,7 @@ class WhisperAsr:
             yield self._result(state)
 
     def _result(self, state):
-        from speechctl.api import AsrResult
+        from speechctl.jobs import AsrResult
 
         if state.error is not None:
             return AsrResult(state.job.id, None, error=state.error)
@@ -506,7 +509,7 @@ class WhisperAsr:
             from speechctl.engine import vllm_compat
 
             self._llm = self._engine = None
-            self._aligner = None
+            self._aligner = self.decoding = self.encoder = None  # they hold the runner's KV cache and model
             vllm_compat.stop_worker_processes(llm.llm_engine)
             del llm
             vllm_compat.collect_dropped_engines()

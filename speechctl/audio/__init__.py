@@ -13,6 +13,7 @@ from speechctl.audio.io import (
     resolve_audio_format,
     write_audio,
     write_json_atomic,
+    write_npy_atomic,
     write_text_atomic,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "resolve_audio_format",
     "write_audio",
     "write_json_atomic",
+    "write_npy_atomic",
     "write_text_atomic",
 ]

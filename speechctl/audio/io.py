@@ -270,6 +270,11 @@ def write_text_atomic(path: str | PathLike, text: str) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
+def write_npy_atomic(path: str | PathLike, array: np.ndarray) -> None:
+    """``array`` as a ``.npy`` file (numpy's own format), written atomically."""
+    atomic_write(path, lambda f: np.save(f, np.asarray(array), allow_pickle=False))
+
+
 def write_json_atomic(path: str | PathLike, obj: Any) -> None:
     """Atomically write ``obj`` as indented UTF-8 JSON (with a final newline) to ``path``."""
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2) + "\n")

@@ -30,18 +30,29 @@ AUDIO_SAMPLING = Sampling(temperature=0.9, top_k=50)
 TEXT = "The quick brown fox jumps over the lazy dog, number {i}."
 
 
-def _higgs(tmp: Path, size: str):
-    from speechctl.models.higgs_checkpoint import HIGGS_3B, HiggsRecipe, create_higgs_checkpoint
+def _higgs(tmp: Path, size: str, codec: bool = False):
+    from dataclasses import replace
 
-    recipe = HIGGS_3B if size == "full" else HiggsRecipe(codec=False)
+    from speechctl.models.higgs.checkpoint import HIGGS_3B, HiggsRecipe, create_higgs_checkpoint
+
+    recipe = HIGGS_3B if size == "full" else HiggsRecipe(codec=codec)
+    if size == "full" and codec:  # the tokenizer's published shape (transformers' defaults), random weights
+        recipe = replace(recipe, codec=True, codec_config={})
     return create_higgs_checkpoint(tmp / f"higgs-{size}", recipe), recipe.dtype
 
 
-def _csm(tmp: Path, size: str):
-    from speechctl.models.csm_checkpoint import CSM_1B, CsmRecipe, create_csm_checkpoint
+def _csm(tmp: Path, size: str, codec: bool = False):
+    from speechctl.models.csm.checkpoint import CSM_1B, CsmRecipe, create_csm_checkpoint
 
     recipe = CSM_1B if size == "full" else CsmRecipe()
-    return create_csm_checkpoint(tmp / f"csm-{size}", recipe), recipe.dtype
+    path = create_csm_checkpoint(tmp / f"csm-{size}", recipe)
+    if size == "full" and codec:  # Mimi's published shape, random weights, inside the checkpoint
+        from safetensors.torch import save_file
+        from transformers import MimiConfig, MimiModel
+
+        mimi = MimiModel(MimiConfig(num_quantizers=recipe.num_codebooks)).eval()
+        save_file({f"codec_model.{k}": v.contiguous() for k, v in mimi.state_dict().items()}, str(path / "model.safetensors"))
+    return path, recipe.dtype
 
 
 # family -> (checkpoint maker, transformers class, extra generate() arguments)
@@ -61,17 +72,20 @@ def run_family_bench(
     frames: int = 256,
     repeats: int = 3,
     transformers_too: bool = True,
+    codec: bool = False,
     engine_overrides: dict | None = None,
     log=print,
     partial=None,
 ) -> dict:
     """``partial(result)`` is called with the result so far after every row (a run cut short by
-    a time limit still leaves its measured rows)."""
+    a time limit still leaves its measured rows). ``codec``: also end to end, text to waveform
+    with the family's codec on the device (``Speech.run_requests``: decodes off the step loop),
+    beside the LM alone in the same engine."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
-    from speechctl.models.families import read_model_config
+    from speechctl.models.family import read_config
 
     with tempfile.TemporaryDirectory() as tmp:
-        path, dtype = FAMILIES[family][0](Path(tmp), size)
+        path, dtype = FAMILIES[family][0](Path(tmp), size, codec)
         top = max(concurrencies)
         config = EngineConfig(
             max_num_seqs=top,
@@ -81,7 +95,13 @@ def run_family_bench(
             **(engine_overrides or {}),
         )
         started = time.perf_counter()
-        engine = SpeechEngine(path, config)
+        if codec:
+            from speechctl.api import Speech
+
+            speech = Speech(path, engine_config=config)
+            engine = speech.engine
+        else:
+            engine = SpeechEngine(path, config)
         startup = time.perf_counter() - started
         prompts = engine.prompt_builder()
 
@@ -107,7 +127,7 @@ def run_family_bench(
             "family": family,
             "size": size,
             "frames_per_request": frames,
-            "config": read_model_config(path),
+            "config": read_config(path),
             "startup_s": round(startup, 1),
             "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
             "rows": rows,
@@ -120,11 +140,32 @@ def run_family_bench(
             if partial is not None:
                 partial(result)
 
+        def end_to_end(count: int) -> float:
+            from speechctl.jobs import TtsJob
+
+            reqs = workload(count)
+            for i, req in enumerate(reqs):
+                req.tag = TtsJob(id=str(i), text="")
+            start = time.perf_counter()
+            results = list(speech.run_requests(reqs))
+            elapsed = time.perf_counter() - start
+            for r in results:
+                if r.error or r.codes.shape[1] < frames:
+                    raise EngineError(f"benchmark request failed: {r.error or r.codes.shape}")
+            return elapsed
+
+        frame_rate = speech.codec.frame_rate if codec else None
         for count in concurrencies:
             speechctl_run(count)  # warm-up at this batch size
-            add(_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)]))
+            add(_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)], frame_rate))
+            if codec:
+                end_to_end(count)
+                add(_row("speechctl+codec", count, frames, [end_to_end(count) for _ in range(repeats)], frame_rate))
         prompt_ids = workload(1)[0].prompt_ids
-        engine.shutdown()
+        if codec:
+            speech.close()
+        else:
+            engine.shutdown()
         if transformers_too:
             for count in concurrencies:
                 times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
@@ -132,10 +173,13 @@ def run_family_bench(
         return result
 
 
-def _row(system: str, count: int, frames: int, times: list[float]) -> dict:
+def _row(system: str, count: int, frames: int, times: list[float], frame_rate: float | None = None) -> dict:
     median = statistics.median(times)
-    return {"system": system, "concurrency": count, "seconds": [round(t, 3) for t in times],
-            "frames_per_s": round(count * frames / median, 1)}
+    row = {"system": system, "concurrency": count, "seconds": [round(t, 3) for t in times],
+           "frames_per_s": round(count * frames / median, 1)}
+    if frame_rate:
+        row["audio_s_per_s"] = round(count * frames / frame_rate / median, 2)
+    return row
 
 
 def _transformers_times(family, path, dtype, prompt_ids, count, frames, spec, repeats) -> list[float]:
@@ -185,6 +229,7 @@ def main(argv=None) -> None:
     parser.add_argument("--frames", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--codec", action="store_true", help="also end to end: text to waveform with the family's codec")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     command = shlex.join(["python3", "-m", "speechctl.bench.families", *(sys.argv[1:] if argv is None else argv)])
@@ -198,7 +243,7 @@ def main(argv=None) -> None:
 
     result = run_family_bench(
         args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
-        args.repeats, transformers_too=not args.no_transformers, partial=write,
+        args.repeats, transformers_too=not args.no_transformers, codec=args.codec, partial=write,
     )
     write(result)
     print(json.dumps(result, indent=2))

@@ -25,8 +25,10 @@ def plain_llm(recipe, directory: str | Path, max_num_seqs: int, max_model_len: i
     from transformers import LlamaConfig
     from vllm import LLM
 
-    from speechctl.engine import vllm_compat  # noqa: F401  (in-process engine, V1 runner: as speechctl)
-    from speechctl.engine.engine import EngineConfig
+    from speechctl.engine import vllm_compat
+    from speechctl.engine.config import EngineConfig
+
+    vllm_compat.apply_engine_environment()  # in-process engine, V1 runner: as speechctl's
 
     LlamaConfig(
         vocab_size=plain_vocab(recipe),

@@ -25,7 +25,7 @@ def environment(speechctl: bool = True) -> dict:
         env["device"] = platform.processor() or "cpu"
     env["host"] = host_probe()
     if speechctl:
-        from speechctl.engine.state import compile_per_step_work
+        from speechctl.engine.runtime import compile_per_step_work
 
         env["per_step_work_compiled"] = compile_per_step_work()
     return env

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speechctl.models.tiny import MultiStreamRecipe
+from speechctl.models.generic.checkpoint import MultiStreamRecipe
 
 _BIG = dict(vocab_size=8208, num_codebooks=8, codebook_size=1024, dtype="bfloat16", weights=False)
 

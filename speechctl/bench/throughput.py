@@ -7,7 +7,7 @@ Per concurrency *c* (requests submitted at once, each making exactly ``frames`` 
   each engine has the whole device; the fastest of ``plain_runs`` processes per concurrency);
 * speechctl: frames/s, audio-s/s (the checkpoint's codec frame rate), per-request RTF (time from
   submission to the request's output ÷ its audio duration); with the per-step CUDA graphs
-  (``engine/graphs.py``) and, for comparison, with them off (eager per-step work);
+  (``engine/runtime/graphs.py``) and, for comparison, with them off (eager per-step work);
 * the multi-stream overhead ratio: speechctl frames/s ÷ plain tokens/s (issue goal ≥ 0.85).
 
 And the codec: decoding ``codec_requests`` requests of ``frames`` frames (and of one streaming
@@ -112,8 +112,8 @@ def run_throughput_bench(
 
 def _workload_shape(shape: str, frames: int) -> tuple[int, int]:
     """(decode steps per request, prompt tokens) of the bench workload, without an engine."""
-    from speechctl.models.prompts import MultiStreamPrompts
-    from speechctl.models.tiny import SPECIAL_TOKENS, byte_stream_spec
+    from speechctl.models.generic.prompts import MultiStreamPrompts
+    from speechctl.models.generic.checkpoint import SPECIAL_TOKENS, byte_stream_spec
     from speechctl.models.tokenizer import byte_tokenizer
 
     recipe = SHAPES[shape]
@@ -123,9 +123,9 @@ def _workload_shape(shape: str, frames: int) -> tuple[int, int]:
 
 
 def _frame_rate(path: Path) -> float:
-    from speechctl.models.catalog import codec_dir
+    from speechctl.models.families import open_checkpoint
 
-    config = json.loads((codec_dir(path) / "config.json").read_text())
+    config = json.loads((open_checkpoint(path).codec_dir / "config.json").read_text())
     hop = int(np.prod(config["downsampling_ratios"]))
     return config["sampling_rate"] / hop
 

@@ -66,11 +66,11 @@ def build_options(settings: dict, sampling):
     from speechctl.errors import InputError
 
     settings = dict(settings)
-    start = sampling.text.get("temperature") or 0.0
+    text = sampling.flags["generated"]  # --temperature/--top-k/--top-p: asr generates text
     increment = settings.pop("increment")
     try:
-        return WhisperOptions(temperatures=temperature_schedule(start, increment), top_k=sampling.text.get("top_k") or 0,
-                              top_p=sampling.text.get("top_p") or 1.0, **settings)
+        return WhisperOptions(temperatures=temperature_schedule(text.get("temperature") or 0.0, increment),
+                              top_k=text.get("top_k") or 0, top_p=text.get("top_p") or 1.0, **settings)
     except ValueError as e:
         raise InputError(str(e)) from None
 
@@ -96,7 +96,7 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
     temperature fallback, no-speech detection, each window prompted with the text before it.
     Long files are cut into windows of at most 30 s at pauses; silent stretches are skipped.
     """
-    from speechctl.api import AsrJob, AsrResult, FailedJob
+    from speechctl.jobs import AsrJob, AsrResult, FailedJob
     from speechctl.asr import WhisperAsr, is_whisper
     from speechctl.asr.segments import render, to_record
     from speechctl.audio import read_audio, write_text_atomic

@@ -41,6 +41,8 @@ def command(manifest, out_dir, sampling, engine):
             )
         for line in report.failed[len(errors):]:
             console.print(f"[red]Error:[/red] {line}", highlight=False, soft_wrap=True)
+        for line in report.warnings:
+            console.print(f"[yellow]Warning:[/yellow] {line}", highlight=False, soft_wrap=True)
         console.print(f"{report.done} done, {skipped} skipped, {len(report.failed)} failed -> {out_dir}")
     else:
         console.print("nothing to do")

@@ -16,6 +16,12 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.command("bench")
 @click.option("--cfg", "cfg", is_flag=True, help="CFG vs no-CFG throughput.")
 @click.option("--stream", "stream", is_flag=True, help="Time to first audio and chat-turn latency, streaming vs one-shot.")
+@click.option("--arnar", is_flag=True, help="AR+NAR (VALL-E style) beside a delay-pattern model of the same backbone: frames/s and time to last audio.")
+@click.option("--nar", type=click.Choice(["own", "shared"]), default="own", show_default=True, help="--arnar: the NAR stage's layers, its own or the AR backbone's.")
+@click.option("--workload", is_flag=True, help="Latency under load: Poisson arrivals of mixed requests at several fractions of saturation.")
+@click.option("--rates", default="0.3,0.5,0.7,0.9,1.2", show_default=True, help="--workload: offered loads, as fractions of the saturated rate.")
+@click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
+@click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
 @click.option("--no-turn", is_flag=True, help="--stream: TTS only, skip the chat turn (Whisper + response LM).")
 @click.option("--asr-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's Whisper (default whisper-tiny.en).")
 @click.option("--lm-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's response LM (default tiny-lm).")
@@ -34,9 +40,9 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
-    plain vLLM, per-step graphs on vs off, batched codec), --cfg or --stream."""
+    plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
     from speechctl.bench.cfg import plot_cfg, run_cfg_bench
     from speechctl.errors import InputError
@@ -50,8 +56,36 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else None
-    if cfg and stream:
-        raise InputError("choose one benchmark: --cfg or --stream")
+    if cfg + stream + workload + arnar > 1:
+        raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")
+    if arnar:
+        if overrides:
+            raise InputError("--arnar: one device per model (no --tensor-parallel-size)")
+        from speechctl.bench.arnar import plot_arnar, run_arnar_bench
+        from speechctl.errors import EngineError
+
+        result = run_arnar_bench(shape, levels, frames, repeats, nar, log=lambda line: click.echo(line, err=True), partial=save)
+        save(result)
+        if plot and result["results"]:
+            plot_arnar(result, plot)
+        click.echo(json.dumps({"results": result["results"], "spread": result["spread"]}, indent=2))
+        if result["errors"]:
+            raise EngineError("; ".join(result["errors"]))
+        return
+    if workload:
+        from speechctl.bench.workload import plot_workload, run_workload_bench
+
+        speech = _workload_speech(model, shape, overrides)
+        try:
+            result = run_workload_bench(speech, [float(x) for x in rates.split(",")], requests,
+                                        log=lambda line: click.echo(line, err=True))
+        finally:
+            speech.close()
+        save(result)
+        if plot:
+            plot_workload(result, plot)
+        click.echo(json.dumps({"saturation": result["saturation"], "results": result["results"]}, indent=2))
+        return
     if not cfg and not stream:
         from speechctl.bench.throughput import run_throughput_bench
 
@@ -70,9 +104,15 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
     if stream:
         from speechctl.bench.stream import run_stream_bench
 
-        result = run_stream_bench(
-            shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides, log=lambda line: click.echo(line, err=True)
-        )
+        speech = _workload_speech(model, shape, overrides) if model else None
+        try:
+            result = run_stream_bench(
+                shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
+                speech=speech, log=lambda line: click.echo(line, err=True)
+            )
+        finally:
+            if speech is not None:
+                speech.close()
         save(result)
         if plot:
             from speechctl.bench.stream import plot_stream
@@ -85,6 +125,30 @@ def command(cfg, stream, no_turn, asr_model, lm_model, shape, concurrency, frame
     if plot:
         plot_cfg(result, plot)
     click.echo(json.dumps(result["results"], indent=2))
+
+
+def _workload_speech(model, shape, overrides):
+    """A ``Speech`` for the workload bench: ``model`` (vLLM's random weights where the checkpoint
+    has none), else a random-weight checkpoint of ``shape``."""
+    import tempfile
+    from pathlib import Path
+
+    from speechctl.api import Speech
+    from speechctl.engine.config import EngineConfig
+    from speechctl.errors import ModelError
+    from speechctl.models.catalog import resolve_checkpoint
+
+    if model is None:
+        from speechctl.bench.shapes import SHAPES
+        from speechctl.models.generic.checkpoint import create_multistream_checkpoint
+
+        model = create_multistream_checkpoint(Path(tempfile.mkdtemp()) / shape, SHAPES[shape])
+    try:
+        resolve_checkpoint(str(model)).weights
+        load_format = "auto"
+    except ModelError:  # a config-only checkpoint of a real size: speed does not depend on the values
+        load_format = "dummy"
+    return Speech(model, engine_config=EngineConfig(max_num_seqs=128, load_format=load_format, **(overrides or {})))
 
 
 def command_line(ctx: click.Context) -> str:

@@ -6,10 +6,11 @@ from speechctl.cli.options import user_errors
 
 
 @click.command("models")
-@click.argument("name", required=False, metavar="[NAME|DIR]")
+@click.argument("name", required=False, metavar="[NAME|DIR|ORG/NAME]")
 @user_errors
 def command(name):
-    """List the built-in models, or describe one (a name or a checkpoint directory)."""
+    """List the built-in models, or describe one (a name, a checkpoint directory or a hub id):
+    what speechctl will use from it and what is missing."""
     from rich.console import Console
     from rich.table import Table
 
@@ -21,7 +22,7 @@ def command(name):
         for model in list_models():
             table.add_row(model["name"], model["description"])
         console.print(table)
-        console.print("Any checkpoint directory works too: --model path/to/checkpoint")
+        console.print("Any checkpoint directory or Hugging Face hub id works too: --model path/to/checkpoint, --model ORG/NAME")
         return
     table = Table(box=None, show_header=False)
     for key, value in describe_model(name).items():

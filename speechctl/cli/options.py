@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import click
 
@@ -22,27 +23,37 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not verbose:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:  # imported already (the Python API, tests): it read the environment then
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
+_NOTICES: list[str] = []  # said on stderr once a command has succeeded (an error stays one line)
+
+
 def user_errors(fn):
-    """Turn speechctl's user-facing errors into one-line CLI errors (exit code 1)."""
+    """Turn speechctl's user-facing errors into one-line CLI errors (exit code 1); after a
+    success, say the notices the command collected."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        _NOTICES.clear()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except SpeechctlError as e:
             raise click.ClickException(str(e)) from None
+        for notice in dict.fromkeys(_NOTICES):
+            click.echo(f"note: {notice}", err=True)
+        return result
 
     return wrapper
 
 
 def engine_options(fn):
-    @click.option("--model", "-m", default=None, metavar="NAME|DIR", help="Built-in model name or checkpoint directory (default: tiny).")
+    @click.option("--model", "-m", default=None, metavar="NAME|DIR|ORG/NAME", help="Built-in model name, checkpoint directory or Hugging Face hub id (default: tiny).")
     @click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Requests decoded together.")
-    @click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Longest prompt + output, in steps.")
+    @click.option("--max-model-len", type=click.IntRange(16), default=None, help="Longest prompt + output, in steps (default: the checkpoint's limit, at most 4096).")
     @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
     @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (CPU: groups of cores), vLLM's tensor parallelism.")
     @click.option("--data-parallel-size", "-dp", type=click.IntRange(1), default=1, show_default=True, help="Batch: run this many engine replicas, each on its own GPUs (CPU: cores), whole items split round robin (vLLM's data parallelism).")
@@ -71,16 +82,20 @@ class EngineChoice:
 
     def sample_rate(self) -> int:
         """The model's audio rate, read from its files without loading it."""
-        from speechctl.models.catalog import codec_sample_rate, resolve_model
+        from speechctl.models.catalog import codec_sample_rate, resolve_checkpoint
 
-        return codec_sample_rate(resolve_model(self.model))
+        return codec_sample_rate(resolve_checkpoint(self.model))
 
     def speech(self):
         from speechctl.api import Speech, shared
-        from speechctl.engine.engine import EngineConfig
+        from speechctl.engine.config import EngineConfig
 
         key = ("speech", self.model, tuple(sorted(self.config.items())))
-        return shared(key, lambda: Speech(self.model, engine_config=EngineConfig(**self.config)))
+        speech = shared(key, lambda: Speech(self.model, engine_config=EngineConfig(**self.config)))
+        if speech.checkpoint.name == "tiny":
+            _NOTICES.append(("speechctl's own voice is not in this install, so the default is " if self.model is None else "")
+                            + "the built-in `tiny` model, of random weights: its audio is noise (--model for a real checkpoint)")
+        return speech
 
     def whisper(self):
         """A WhisperAsr for the chosen model (None: whisper-tiny.en), shared within the process."""
@@ -105,21 +120,27 @@ class EngineChoice:
 
 
 def sampling_options(fn):
-    @click.option("--temperature", type=click.FloatRange(0), default=None, help="Text stream temperature (0 = greedy).")
-    @click.option("--top-k", type=click.IntRange(0), default=None, help="Text stream top-k (0 = off).")
-    @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Text stream top-p.")
-    @click.option("--audio-temperature", type=click.FloatRange(0), default=None, help="Audio streams temperature (0 = greedy).")
-    @click.option("--audio-top-k", type=click.IntRange(0), default=None, help="Audio streams top-k (0 = off).")
-    @click.option("--audio-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Audio streams top-p.")
+    generated = "of what the task generates: the audio codebooks for tts, text for asr"
+    @click.option("--temperature", type=click.FloatRange(0), default=None, help=f"Sampling temperature {generated} (0 = greedy; default: the checkpoint's).")
+    @click.option("--top-k", type=click.IntRange(0), default=None, help=f"Top-k {generated} (0 = off).")
+    @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help=f"Top-p {generated} (1 = off).")
+    @click.option("--audio-temperature", type=click.FloatRange(0), default=None, help="Audio codebooks' temperature (0 = greedy); wins over --temperature.")
+    @click.option("--audio-top-k", type=click.IntRange(0), default=None, help="Audio codebooks' top-k (0 = off).")
+    @click.option("--audio-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Audio codebooks' top-p.")
+    @click.option("--depth-temperature", type=click.FloatRange(0), default=None, help="A depth decoder's codebooks (CSM): temperature (default: as the audio's when that is set, else the checkpoint's); an AR+NAR model's NAR stage (default: greedy).")
+    @click.option("--depth-top-k", type=click.IntRange(0), default=None, help="A depth decoder's codebooks: top-k.")
+    @click.option("--depth-top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="A depth decoder's codebooks: top-p.")
     @click.option("--seed", type=click.IntRange(0), default=None, help="Seed for reproducible sampling.")
-    @click.option("--cfg", "cfg", type=click.FloatRange(0), default=None, help="Classifier-free guidance scale (1 = off).")
+    @click.option("--cfg", "cfg", type=click.FloatRange(0), default=None, help="Classifier-free guidance scale, in the model family's convention (1 = off).")
     @click.option("--cfg-streams", type=click.Choice(["text", "audio", "both"]), default=None, help="Streams CFG guides (default both).")
     @click.option("--cfg-top-k", type=click.IntRange(0), default=None, help="Dia's CFG filter: sample among the top-k guided tokens (0 = off).")
     @functools.wraps(fn)
-    def wrapper(*args, temperature, top_k, top_p, audio_temperature, audio_top_k, audio_top_p, seed, cfg, cfg_streams, cfg_top_k, **kwargs):
+    def wrapper(*args, temperature, top_k, top_p, audio_temperature, audio_top_k, audio_top_p, depth_temperature, depth_top_k,
+                depth_top_p, seed, cfg, cfg_streams, cfg_top_k, **kwargs):
         kwargs["sampling"] = SamplingChoice(
-            text=dict(temperature=temperature, top_k=top_k, top_p=top_p),
+            generated=dict(temperature=temperature, top_k=top_k, top_p=top_p),
             audio=dict(temperature=audio_temperature, top_k=audio_top_k, top_p=audio_top_p),
+            depth=dict(temperature=depth_temperature, top_k=depth_top_k, top_p=depth_top_p),
             seed=seed,
             guidance=dict(scale=cfg, streams=cfg_streams, top_k=cfg_top_k),
         )
@@ -128,35 +149,57 @@ def sampling_options(fn):
     return wrapper
 
 
-class SamplingChoice:
-    def __init__(self, text: dict, audio: dict, seed: int | None, guidance: dict):
-        self.text, self.audio, self.seed, self.guidance = text, audio, seed, guidance
+# Manifest fields of each group (the command line's flags with "_" for "-")
+_GROUPS = {"generated": "", "audio": "audio_", "depth": "depth_"}
+_GUIDANCE_FIELDS = {"cfg": "scale", "cfg_streams": "streams", "cfg_top_k": "top_k"}
 
-    def job_options(self, overrides: dict | None = None, task: str = "tts") -> dict:
-        """Keyword arguments for a TtsJob (or an AsrJob with ``task="asr"``): defaults <
-        command line < per-item overrides (manifest fields)."""
+
+class SamplingChoice:
+    """The sampling flags of a command (and a manifest item's fields), settled against a
+    checkpoint's generation defaults: checkpoint < command line < item. ``--temperature`` and its
+    kin set what the task generates (audio for TTS, text for ASR); ``--audio-*`` and ``--depth-*``
+    one group of TTS codebooks."""
+
+    def __init__(self, generated: dict, audio: dict, depth: dict, seed: int | None, guidance: dict):
+        self.flags = {"generated": generated, "audio": audio, "depth": depth}
+        self.seed, self.guidance = seed, guidance
+
+    def job_options(self, overrides: dict | None = None, task: str = "tts", defaults=None) -> dict:
+        """Keyword arguments for a TtsJob (or an AsrJob with ``task="asr"``); ``defaults``: the
+        checkpoint's ``GenerationDefaults`` (None: speechctl's)."""
         from dataclasses import replace
 
-        from speechctl.api import DEFAULT_AUDIO, DEFAULT_TEXT
         from speechctl.engine.params import NO_GUIDANCE
+        from speechctl.models.family import GenerationDefaults
 
+        defaults = defaults or GenerationDefaults()
         overrides = overrides or {}
-        text = {k: v for k, v in self.text.items() if v is not None}
-        audio = {k: v for k, v in self.audio.items() if v is not None}
+        given = {}
+        for group, prefix in _GROUPS.items():
+            values = {k: v for k, v in self.flags[group].items() if v is not None}
+            values.update({k: overrides[prefix + k] for k in ("temperature", "top_k", "top_p") if prefix + k in overrides})
+            given[group] = values
         guidance = {k: v for k, v in self.guidance.items() if v is not None}
-        text.update({k: overrides[k] for k in ("temperature", "top_k", "top_p") if k in overrides})
-        audio.update({k[6:]: overrides[k] for k in ("audio_temperature", "audio_top_k", "audio_top_p") if k in overrides})
-        names = {"cfg": "scale", "cfg_streams": "streams", "cfg_top_k": "top_k"}
-        guidance.update({name: overrides[k] for k, name in names.items() if k in overrides})
+        guidance.update({name: overrides[k] for k, name in _GUIDANCE_FIELDS.items() if k in overrides})
         seed = overrides.get("seed", self.seed)
         try:
             if task == "asr":
-                return dict(text_sampling=replace(DEFAULT_TEXT, **text), seed=seed)
-            return dict(
-                text_sampling=replace(DEFAULT_TEXT, **text),
-                audio_sampling=replace(DEFAULT_AUDIO, **audio),
-                seed=seed,
-                guidance=replace(NO_GUIDANCE, **guidance),
-            )
+                ignored = [f"{_GROUPS[g].replace('_', '-')}{k.replace('_', '-')}" for g in ("audio", "depth") for k in given[g]]
+                if ignored or guidance:
+                    what = ", ".join(f"--{n}" for n in ignored) or "--cfg"
+                    raise InputError(f"{what}: asr generates text; audio sampling and guidance do not apply")
+                options = dict(seed=seed)
+                if given["generated"]:
+                    options["text_sampling"] = replace(defaults.text, **given["generated"])
+                return options
+            audio_given = {**given["generated"], **given["audio"]}
+            audio = replace(defaults.audio, **audio_given) if audio_given else None  # None: the checkpoint's
+            if given["depth"]:
+                depth = replace(audio or defaults.depth or defaults.audio, **given["depth"])
+            elif audio is not None and defaults.depth is not None:
+                depth = audio  # the depth decoder follows the audio flags unless --depth-* says otherwise
+            else:
+                depth = None
+            return dict(audio_sampling=audio, depth_sampling=depth, seed=seed, guidance=replace(NO_GUIDANCE, **guidance))
         except ValueError as e:
             raise SpeechctlError(str(e)) from None

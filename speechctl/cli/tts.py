@@ -15,12 +15,16 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="With --stream: frames in the first chunk (later chunks double, up to 32).")
 @click.option("--voice", metavar="WAV", help="Reference audio of the voice to use.")
 @click.option("--voice-text", metavar="TEXT", help="What the --voice recording says (Higgs Audio v2 prompts use it).")
+@click.option("--codes-out", metavar="FILE.npy", help="Also write the generated codes [K, T] (numpy .npy), to compare with a reference.")
+@click.option("--repetition-window", type=click.IntRange(0, 32), default=None, help="Repetition-aware sampling: window in steps (0 = off; default: the checkpoint's, e.g. Higgs' 7).")
+@click.option("--repetition-max", type=click.IntRange(1), default=None, help="Repetition-aware sampling: repeats within the window that force a redraw (default: the checkpoint's).")
 @click.option("--format", "fmt", type=click.Choice(["wav", "flac"]), default=None, help="Audio format (default: from the file name, else wav).")
-@click.option("--max-seconds", type=click.FloatRange(0, min_open=True), default=20.0, show_default=True, help="Longest audio to generate.")
+@click.option("--max-seconds", type=click.FloatRange(0, min_open=True), default=None, help="Longest audio to generate (default: the checkpoint's length, else 20 s).")
 @sampling_options
 @engine_options
 @user_errors
-def command(text, output, voice, voice_text, fmt, max_seconds, stream, raw, first_chunk, sampling, engine):
+def command(text, output, voice, voice_text, codes_out, repetition_window, repetition_max, fmt, max_seconds, stream, raw,
+            first_chunk, sampling, engine):
     """Speak TEXT (or - to read it from stdin) and write the audio to FILE, or stream it."""
     from speechctl.audio import check_writable, read_audio, resolve_audio_format, write_audio
     from speechctl.errors import InputError
@@ -36,21 +40,34 @@ def command(text, output, voice, voice_text, fmt, max_seconds, stream, raw, firs
         raise InputError("empty text: nothing to speak")
     if voice_text is not None and voice is None:
         raise InputError("--voice-text needs --voice (the recording it transcribes)")
-    voice_options = {} if voice_text is None else {"voice_text": voice_text}
+    extras = {} if voice_text is None else {"voice_text": voice_text}
+    if repetition_window is not None or repetition_max is not None:
+        extras["repetition"] = _repetition(repetition_window, repetition_max)
     if output is not None:
         check_writable(output)  # before the model loads
+    if codes_out is not None:
+        if stream:
+            raise InputError("--codes-out is for one-shot synthesis (without --stream)")
+        check_writable(codes_out)
     if stream:
-        return _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chunk, sampling, engine)
+        return _stream(text, output, voice, extras, fmt, max_seconds, raw, first_chunk, sampling, engine)
     fmt = resolve_audio_format(output, fmt)
     voice_wav = read_audio(voice, engine.sample_rate()) if voice else None  # before the model loads
     speech = engine.speech()
-    result = speech.tts(text, voice=voice_wav, max_seconds=max_seconds, **voice_options, **sampling.job_options())
+    options = sampling.job_options(defaults=speech.checkpoint.defaults)
+    result = speech.tts(text, voice=voice_wav, max_seconds=max_seconds, **extras, **options)
     write_audio(output, result.audio, result.sample_rate, fmt)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if codes_out is not None:
+        from speechctl.audio import write_npy_atomic
+
+        write_npy_atomic(codes_out, result.codes)
     if output != "-":
         click.echo(f"{output}: {result.duration:.2f} s of audio at {result.sample_rate} Hz", err=True)
 
 
-def _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chunk, sampling, engine):
+def _stream(text, output, voice, extras, fmt, max_seconds, raw, first_chunk, sampling, engine):
     """Chunks go out as the codec decodes them (speechctl.api.Speech.stream_tts)."""
     import time
 
@@ -66,7 +83,8 @@ def _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chu
     try:
         speech = engine.speech()
         started = time.perf_counter()
-        options = dict(voice=voice_wav, max_seconds=max_seconds, **voice_options, **sampling.job_options())
+        options = dict(voice=voice_wav, max_seconds=max_seconds, **extras,
+                       **sampling.job_options(defaults=speech.checkpoint.defaults))
         for chunk in speech.stream_tts(text, first_chunk=first_chunk, **options):
             if chunk.error:
                 raise EngineError(chunk.error)
@@ -81,3 +99,14 @@ def _stream(text, output, voice, voice_options, fmt, max_seconds, raw, first_chu
         first = "" if sink.first_audio is None else f"; first audio after {sink.first_audio - started:.2f} s"
         where = output or "speaker"
         click.echo(f"{where}: {sink.samples / rate:.2f} s of audio at {rate} Hz{first}", err=True)
+
+
+def _repetition(window, max_repeat) -> tuple[int, int]:
+    """(window, max_repeat) from the two flags (both, or a window of 0: off)."""
+    from speechctl.errors import InputError
+
+    if window == 0:
+        return (0, 0)
+    if window is None or max_repeat is None:
+        raise InputError("--repetition-window and --repetition-max go together (--repetition-window 0 turns it off)")
+    return (window, max_repeat)

@@ -14,6 +14,8 @@ Left context matters the same way at the start of a sequence. See ``run_exact_ba
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Callable, Sequence
@@ -82,6 +84,10 @@ class Codec(ABC):
         self.codebook_size = int(codebook_size)
         self.device = torch.device(device)
         self.max_batch_frames = int(max_batch_frames)
+        # On CUDA the codec runs on a stream of its own: its results are waited for alone, not
+        # behind the engine's next step that vLLM's async scheduling has already queued.
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
 
@@ -124,14 +130,15 @@ class Codec(ABC):
             return _pad_end(waveforms, batch.shape[-1] * hop).cpu()  # exactly T * hop samples
 
         nonempty = [i for i, a in enumerate(arrays) if a.shape[1] > 0]
-        outputs = run_exact_batched(
-            [torch.from_numpy(arrays[i]) for i in nonempty],
-            decode_batch,
-            in_per_frame=1,
-            out_per_frame=hop,
-            context=self.decode_context,
-            max_batch_frames=self.max_batch_frames,
-        )
+        with self._on_own_stream():
+            outputs = run_exact_batched(
+                [torch.from_numpy(arrays[i]) for i in nonempty],
+                decode_batch,
+                in_per_frame=1,
+                out_per_frame=hop,
+                context=self.decode_context,
+                max_batch_frames=self.max_batch_frames,
+            )
         results = [np.zeros(0, dtype=np.float32) for _ in arrays]
         for i, output in zip(nonempty, outputs):
             results[i] = output.numpy()
@@ -159,18 +166,25 @@ class Codec(ABC):
 
         padded = [np.pad(a, (0, -len(a) % hop)) for a in arrays]
         nonempty = [i for i, a in enumerate(padded) if len(a) > 0]
-        outputs = run_exact_batched(
-            [torch.from_numpy(padded[i]) for i in nonempty],
-            encode_batch,
-            in_per_frame=hop,
-            out_per_frame=1,
-            context=self.encode_context,
-            max_batch_frames=self.max_batch_frames,
-        )
+        with self._on_own_stream():
+            outputs = run_exact_batched(
+                [torch.from_numpy(padded[i]) for i in nonempty],
+                encode_batch,
+                in_per_frame=hop,
+                out_per_frame=1,
+                context=self.encode_context,
+                max_batch_frames=self.max_batch_frames,
+            )
         results = [np.zeros((self.num_codebooks, 0), dtype=np.int64) for _ in arrays]
         for i, output in zip(nonempty, outputs):
             results[i] = output.numpy()
         return results
+
+    @contextlib.contextmanager
+    def _on_own_stream(self):
+        """One call at a time, on the codec's CUDA stream (the CPU: just the lock)."""
+        with self._lock, (torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()):
+            yield
 
     # ---- receptive fields ----
 

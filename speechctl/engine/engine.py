@@ -9,163 +9,53 @@ for every request that finished in it).
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import os
 import secrets
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from speechctl.accelerator import has_cuda
 from speechctl.engine import vllm_compat
-from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, NO_GUIDANCE, Guidance, Sampling, StreamParams
-from speechctl.engine.state import compile_per_step_work, slot_capacity
-from speechctl.engine.streams import StreamSpec
+from speechctl.engine.config import EngineConfig
+from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, Sampling, StreamParams
+from speechctl.engine.requests import StreamOutput, StreamRequest
+from speechctl.engine.runtime import compile_per_step_work, slot_capacity
+from speechctl.engine.runtime.slots import HISTORY
 from speechctl.errors import EngineError
+from speechctl.models import register
+from speechctl.models.families import open_checkpoint
+from speechctl.models.family import Checkpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineConfig:
-    """How to run vLLM. ``None`` means vLLM's default for the platform."""
-
-    max_model_len: int = 4096
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool | None = None
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float | None = None
-    block_size: int | None = None  # KV block size in tokens (vLLM's default: 16 GPU, 128 CPU)
-    num_kv_blocks: int | None = None  # override the KV cache size (tests force preemption)
-    kv_cache_bytes: int | None = None  # default: 1 GiB on CPU (a fraction of free memory there
-    # would count other engines of this process against this one); GPU: gpu_memory_utilization
-    enforce_eager: bool | None = None  # default: eager on CPU (fast start), CUDA graphs on GPU
-    dtype: str = "auto"
-    seed: int = 0
-    tensor_parallel_size: int = 1
-    # Engine replicas over the devices, whole jobs each (speechctl.api.Speech runs them through
-    # engine/data_parallel.py); a SpeechEngine is one replica and vLLM runs it at DP=1.
-    data_parallel_size: int = 1
-    max_audio_items: int = 4  # audio items per prompt
-    load_progress: bool = False  # vLLM's progress bar while loading weights
-    load_format: str = "auto"  # "dummy": random weights without reading any (benchmarks)
-
-    def engine_args(self, model: str) -> dict:
-        on_gpu = has_cuda()
-        args = dict(
-            model=model,
-            tokenizer=model,
-            dtype=self.dtype,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            enable_prefix_caching=self.enable_prefix_caching,
-            gpu_memory_utilization=self._memory_fraction(on_gpu),
-            enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
-            seed=self.seed,
-            tensor_parallel_size=self.tensor_parallel_size,
-            limit_mm_per_prompt={"audio": self.max_audio_items},
-            use_tqdm_on_load=self.load_progress,
-            load_format=self.load_format,
-            # vLLM's per-request metrics cost host time every step; nothing here reads them
-            # (vLLM's own LLM class turns them off too).
-            disable_log_stats=True,
-            # CFG pairs need a scheduler that keeps them in lock-step; without pairs it is
-            # vLLM's own (async on GPU, where vLLM defaults to async scheduling).
-            async_scheduling=on_gpu,
-            scheduler_cls=vllm_compat.pair_scheduler_class(async_scheduling=on_gpu),
-        )
-        if self.max_num_batched_tokens is not None:
-            args["max_num_batched_tokens"] = self.max_num_batched_tokens
-        if self.enable_chunked_prefill is not None:
-            args["enable_chunked_prefill"] = self.enable_chunked_prefill
-        if self.kv_cache_bytes is not None or not on_gpu:
-            args["kv_cache_memory_bytes"] = self.kv_cache_bytes or (1 << 30)
-        if self.num_kv_blocks is not None:
-            args["num_gpu_blocks_override"] = self.num_kv_blocks
-        if self.block_size is not None:
-            args["block_size"] = self.block_size
-        return args
-
-    def _memory_fraction(self, on_gpu: bool) -> float:
-        if self.gpu_memory_utilization:
-            return self.gpu_memory_utilization
-        if not on_gpu:
-            return 0.3
-        if self.kv_cache_bytes is None:
-            return 0.85
-        # With the KV cache given in bytes vLLM sizes nothing by the fraction, but refuses to start
-        # unless fraction x device memory is free: ask for the cache's share, so that engines with
-        # a byte budget start beside other engines of the process.
-        import torch
-
-        return min(0.85, max(0.01, self.kv_cache_bytes / torch.cuda.get_device_properties(0).total_memory))
-
-
-@dataclass
-class StreamRequest:
-    """One generation: a token-id prompt (one ``<|audio|>`` placeholder per audio item) and the
-    settings of every stream."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    audio_items: list[np.ndarray] = field(default_factory=list)  # each [K, T] codec codes
-    text: Sampling = GREEDY
-    audio: Sampling = GREEDY
-    seed: int | None = None
-    stop_token_ids: list[int] = field(default_factory=list)
-    starts_in_audio: bool = False
-    allow_audio: bool = True
-    max_frames: int = 1 << 30
-    min_frames: int = 1  # = max_frames for a fixed length (benchmarks)
-    guidance: Guidance = NO_GUIDANCE
-    uncond_prompt_ids: list[int] | None = None  # the CFG partner's prompt (same length)
-    stream: bool = False  # report new tokens every step, not only at the end
-    depth: Sampling | None = None  # a depth decoder's codebooks (CSM); None: as ``audio``
-    tag: object = None  # the caller's handle, returned with the output
-
-
-@dataclass
-class StreamOutput:
-    """A finished request's streams; for a ``stream`` request, also the tokens each step added
-    (``finished`` False until the last piece)."""
-
-    tag: object
-    token_ids: list[int]  # primary stream (for a streamed piece: the new tokens only)
-    aux: np.ndarray  # [len(token_ids), K] auxiliary streams, step by step
-    finish_reason: str | None
-    error: str | None = None
-    num_cached_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
-    partner_cached_tokens: int = 0  # the same for a CFG pair's unconditional member
-    finished: bool = True
 
 
 class SpeechEngine:
     """Owns one vLLM engine in this process and drives its step loop."""
 
-    def __init__(self, model_dir: str | os.PathLike, config: EngineConfig | None = None):
+    def __init__(self, checkpoint, config: EngineConfig | None = None):
+        """``checkpoint``: a ``speechctl.models.family.Checkpoint`` or a checkpoint directory."""
         vllm_compat.check_vllm_version()
         self.config = config or EngineConfig()
         if self.config.data_parallel_size != 1:
             raise EngineError("a SpeechEngine is one replica: run data_parallel_size > 1 through speechctl.api.Speech")
+        self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
+        self.model_dir = self.checkpoint.path
+        self.spec = self.checkpoint.spec
+        self.config = self.config.for_checkpoint(self.checkpoint.context_limit, self.checkpoint.dtype)
         vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=has_cuda())
         from vllm.engine.arg_utils import EngineArgs
 
-        from speechctl.engine.state import StreamTracker
-        from speechctl.models import register
+        from speechctl.engine.runtime.tracker import StreamTracker
 
-        register()
-        self.model_dir = Path(model_dir)
-        self.spec = read_stream_spec(self.model_dir)
+        register()  # vLLM's plugin entry point does it too, where speechctl is installed
+        overrides = self.checkpoint.hf_overrides
         args = EngineArgs(
             logits_processors=[StreamTracker],
-            **self.config.engine_args(str(self.model_dir)),
-            **_family_overrides(self.model_dir),
+            **self.config.engine_args(str(self.checkpoint.engine_dir)),
+            **({"hf_overrides": overrides} if overrides else {}),
         )
         compiled = compile_per_step_work()  # checks SPEECHCTL_COMPILE before vLLM starts
         self._vllm = vllm_compat.offline_engine(args)
@@ -204,10 +94,8 @@ class SpeechEngine:
         return self._vllm.get_tokenizer()
 
     def prompt_builder(self):
-        """Prompts in the format of the checkpoint's family (``speechctl.models.families``)."""
-        from speechctl.models.families import family_of, read_model_config
-
-        return family_of(read_model_config(self.model_dir)).prompt_builder(self.spec, self.tokenizer)
+        """Prompts in the format of the checkpoint's family (``speechctl.models.prompting``)."""
+        return self.checkpoint.prompt_builder(self.tokenizer)
 
     # -- request lifecycle ---------------------------------------------------------------------
 
@@ -230,6 +118,7 @@ class SpeechEngine:
             if guided:  # the unconditional member: condition dropped, no audio items
                 members.append((cond + "u", req.uncond_prompt_ids, [], False, cond))
             seed = req.seed if req.seed is not None else secrets.randbits(63)
+            history = self._audio_history(req) if req.repetition else ()
             try:
                 for member, prompt_ids, items, conditional, partner in members:
                     params = StreamParams(
@@ -245,6 +134,8 @@ class SpeechEngine:
                         guidance=req.guidance,
                         text=req.text,
                         depth=req.depth,
+                        repetition=req.repetition,
+                        history=history if conditional else (),
                     )
                     sampling = self._sampling(req, params, max_tokens, stream=req.stream and conditional)
                     self._vllm.add_request(member, _prompt(prompt_ids, items), sampling)
@@ -312,10 +203,20 @@ class SpeechEngine:
             blocks, size = config.cache_config.num_gpu_blocks, config.cache_config.block_size
             if blocks and 2 * -(-prompt // size) > blocks - 1:  # both prompts' KV at once
                 raise EngineError(f"CFG prompt of {prompt} steps: both members' KV exceeds the KV cache")
+        if req.repetition and not 0 <= req.repetition[0] <= HISTORY:
+            raise EngineError(f"repetition window {req.repetition[0]} is past the longest speechctl keeps ({HISTORY})")
         excess = max(0, prompt + req.max_tokens - limit)
         if excess and req.starts_in_audio and req.max_frames - excess < 1:
             raise EngineError(f"prompt of {prompt} steps leaves no room for audio in max_model_len {limit}")
         return req.max_tokens - excess, req.max_frames - excess
+
+    def _audio_history(self, req: StreamRequest) -> tuple[tuple[int, ...], ...]:
+        """The last steps of the prompt's audio, delay-interleaved as the model saw them: where a
+        repetition window starts."""
+        if not req.audio_items:
+            return ()
+        steps = np.concatenate([self.spec.pattern.build(np.asarray(c)) for c in req.audio_items], axis=1).T
+        return tuple(tuple(int(x) for x in row) for row in steps[-HISTORY:])
 
     def _fail(self, req: StreamRequest, error: str) -> None:
         empty = np.zeros((0, self.spec.num_codebooks), dtype=np.int32)
@@ -392,13 +293,18 @@ class SpeechEngine:
     def has_work(self) -> bool:
         return bool(self._queue or self._live or self._done)
 
+    def tags(self) -> list[object]:
+        """The tags of the requests queued or running (not yet reported finished)."""
+        return [r.tag for r in self._queue] + list({id(r): r.tag for r in self._live.values()}.values())
+
     def abort(self, tags: Iterable[object]) -> None:
         tags = set(map(id, tags))
         self._queue = deque(r for r in self._queue if id(r.tag) not in tags)
         self._drop([k for k, r in self._live.items() if id(r.tag) in tags])
 
-    def generate_steps(self, requests: Iterable[StreamRequest]) -> Iterator[list[StreamOutput]]:
-        """Run requests with continuous batching; yield the outputs finished by each step.
+    def generate_steps(self, requests: Iterable[StreamRequest], every_step: bool = False) -> Iterator[list[StreamOutput]]:
+        """Run requests with continuous batching; yield the outputs finished by each step (every
+        step's, empty ones too, with ``every_step``: the caller does work between steps).
 
         ``requests`` is pulled lazily, keeping at most twice the slot capacity queued."""
         pending = iter(requests)
@@ -413,7 +319,7 @@ class SpeechEngine:
             if exhausted and not self.has_work():
                 return
             outputs = self.step()
-            if outputs:
+            if outputs or every_step:
                 yield outputs
 
     def generate(self, requests: Iterable[StreamRequest]) -> Iterator[StreamOutput]:
@@ -424,6 +330,11 @@ class SpeechEngine:
         """Counters: live stream slots, resumptions after preemption, CFG pairs out of step."""
         scheduler = vllm_compat.engine_scheduler(self._vllm)
         return {**self._rpc("stats"), "pair_violations": getattr(scheduler, "pair_violations", 0)}
+
+    def scheduler(self):
+        """vLLM's scheduler of this engine (speechctl's pair scheduler where CFG pairs run); for
+        benchmarks and diagnostics, never for features (those go through vllm_compat)."""
+        return vllm_compat.engine_scheduler(self._vllm)
 
     def scheduler_requests(self) -> int:
         """Requests vLLM's scheduler still holds (0 once everything finished or was aborted)."""
@@ -455,19 +366,3 @@ def _prompt(prompt_ids: list[int], audio_items: list) -> dict:
     if audio_items:
         prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in audio_items]}
     return prompt
-
-
-def _family_overrides(model_dir: Path) -> dict:
-    """``hf_overrides`` a family needs (CSM: the primary stream's vocabulary), as EngineArgs."""
-    from speechctl.models.families import family_of
-
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    family = family_of(config)
-    return {"hf_overrides": family.hf_overrides(config)} if family.hf_overrides else {}
-
-
-def read_stream_spec(model_dir: Path) -> StreamSpec:
-    """The checkpoint's stream layout, read by its family (speechctl.models.families)."""
-    from speechctl.models.families import stream_spec
-
-    return stream_spec(json.loads((Path(model_dir) / "config.json").read_text()))

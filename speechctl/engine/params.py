@@ -79,6 +79,11 @@ class StreamParams:
     guidance: Guidance = field(default_factory=Guidance)
     text: Sampling = field(default_factory=Sampling)  # paired requests sample text in the model
     depth: Sampling | None = None  # codebooks 1.. of a depth-decoder family (CSM); None: as audio
+    # Repetition-aware sampling (Higgs): (window, max_repeat); a code sampled that often within a
+    # codebook's last ``window`` steps is drawn again from the raw distribution. ``history``: the
+    # last steps of the prompt's audio ([steps][K]), the start of the window.
+    repetition: tuple[int, int] | None = None
+    history: tuple[tuple[int, ...], ...] = ()
 
     def to_extra_args(self) -> dict[str, Any]:
         """The object itself, not a dict of its fields: vLLM deep-copies and walks every

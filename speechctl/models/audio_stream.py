@@ -121,7 +121,7 @@ class AudioStreamReader:
     def _close(self, last_row: np.ndarray | None) -> AudioEvent:
         """``last_row``: the auxiliary row of the segment's <|audio_eos|> step (one-shot reads see
         it too); None when the request ended without one."""
-        from speechctl.engine.engine import StreamOutput
+        from speechctl.engine.requests import StreamOutput
 
         K = self.pattern.num_streams
         rows, tokens = self._steps[: self._n], list(self._tokens)

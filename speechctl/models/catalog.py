@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import speechctl.models.hub as hub
 from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN
 from speechctl.errors import ModelError
-from speechctl.models import ARCHITECTURES
+from speechctl.models.families import FAMILIES, open_checkpoint
+from speechctl.models.family import Checkpoint, read_config
 from speechctl.models.text_lm import TINY_LM, TINY_LM_DESCRIPTION
+from speechctl.models.weights import choose_weights
+import speechctl.voices as voices
+from speechctl.voices import VOICE
 
-DEFAULT_MODEL = "tiny"
 BUILTIN = {
+    VOICE: "speechctl's own voice: a small speech LM and 16 kHz codec trained on espeak-ng speech "
+    "(recipes/voice); the default where installed",
     "tiny": "random weights from a fixed seed: a 2-layer Llama, 4 DAC codebooks at 50 frames/s; "
     "exercises the whole pipeline but does not speak",
     **WHISPER_BUILTIN,  # real ASR weights, run by speechctl/asr/ (not a speech LM)
@@ -19,9 +26,22 @@ BUILTIN = {
 }
 
 
+def default_model() -> str:
+    """The model used when none is named: ``$SPEECHCTL_MODEL`` if set, else speechctl's own
+    voice where this install ships it, else the random ``tiny`` (whose output is noise, and the
+    CLI says so)."""
+    return os.environ.get("SPEECHCTL_MODEL") or (VOICE if voices.is_shipped() else "tiny")
+
+
 def resolve_model(name: str | None) -> Path:
     """A built-in name (created on first use) or a checkpoint directory -> its directory."""
-    name = name or DEFAULT_MODEL
+    return resolve_checkpoint(name).path
+
+
+def resolve_checkpoint(name: str | None) -> Checkpoint:
+    """A built-in name (created on first use) or a checkpoint directory -> the checkpoint, its
+    family known; ModelError naming what is wrong."""
+    name = name or default_model()
     if name in WHISPER_BUILTIN:
         raise ModelError(f"{name} is a Whisper ASR model: it runs `speechctl asr` and ASR batch items, not TTS")
     if name == TINY_LM:
@@ -29,50 +49,48 @@ def resolve_model(name: str | None) -> Path:
     if name == "tiny":
         from speechctl.models.tiny import ensure_tiny
 
-        return ensure_tiny()
+        return open_checkpoint(ensure_tiny(), name)
+    if name == VOICE:
+        if not voices.is_shipped():
+            raise ModelError(f"{VOICE}: speechctl's own voice is not in this install ({voices.voice_dir()} holds no weights); "
+                             "train it with recipes/voice, or use --model tiny or a checkpoint")
+        return open_checkpoint(voices.voice_dir(), name)
     path = Path(name).expanduser()
-    if not path.is_dir():
-        known = ", ".join(BUILTIN)
-        raise ModelError(f"unknown model '{name}': not a built-in name ({known}) and not a directory")
-    read_config(path)  # validates
-    return path
+    if path.is_dir():
+        return open_checkpoint(path)
+    if hub.is_hub_id(name):
+        return _from_hub(name)
+    known = ", ".join(BUILTIN)
+    raise ModelError(f"unknown model '{name}': not a built-in name ({known}), a directory or a hub id (ORG/NAME)")
 
 
-def read_config(path: Path) -> dict:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelError(f"{path}: not a model directory (no config.json)")
+# Files a checkpoint needs besides its weights: configs and indexes, the tokenizer.
+_LIGHT_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "vocab*", "merges*"]
+
+
+def _from_hub(name: str) -> Checkpoint:
+    """A checkpoint named by hub id: its snapshot in the Hugging Face cache. Where downloads are
+    allowed, only what it needs is fetched: the light files, then the weight files transformers'
+    rule chooses (not a repository's other copies)."""
+    if hub.offline():
+        path = hub.snapshot(name)
+    else:
+        path = hub.snapshot(name, _LIGHT_FILES)
+        config = read_config(path)
+        _, chosen, index = choose_weights(hub.repo_files(name), config, lambda n: json.loads((path / n).read_text()))
+        path = hub.snapshot(name, _LIGHT_FILES + [*chosen, *([index] if index else [])])
+    checkpoint = open_checkpoint(path, name)
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{config_file}: unreadable config ({e})") from None
-    archs = config.get("architectures") or []
-    if not any(a in ARCHITECTURES for a in archs):
-        supported = ", ".join(ARCHITECTURES)
-        raise ModelError(f"{path}: architecture {archs or 'missing'} is not supported ({supported})")
-    return config
+        checkpoint.weights
+    except ModelError as e:
+        repo, revision = hub.split_hub_id(name)
+        raise ModelError(f"{e}; fetch it with `{hub.download_command(repo, revision)}`") from None
+    return checkpoint
 
 
-def codec_dir(path: Path) -> Path:
-    """Where the model's codec checkpoint lives: the generic family names it in config.json;
-    a published family's first subdirectory that exists (Higgs: audio_tokenizer/, codec/), or
-    the local directory its processor_config.json points to."""
-    from speechctl.models.families import family_of
-
-    config = read_config(path)
-    if "speechctl" in config:
-        return path / config["speechctl"].get("codec", "codec")
-    candidates = [path / d for d in family_of(config).codec_dirs]
-    processor = path / "processor_config.json"
-    if processor.is_file():
-        tokenizer = json.loads(processor.read_text()).get("audio_tokenizer") or {}
-        candidates.append(Path(tokenizer.get("audio_tokenizer_name_or_path") or path / "none").expanduser())
-    return next((c for c in candidates if (c / "config.json").is_file()), candidates[0])
-
-
-def codec_sample_rate(path: Path) -> int:
-    """The waveform rate the model's codec takes, read from its config (no model load)."""
-    config_file = codec_dir(path) / "config.json"
+def codec_sample_rate(checkpoint: Checkpoint) -> int:
+    """The waveform rate the checkpoint's codec takes, read from its config (no model load)."""
+    config_file = checkpoint.codec_dir / "config.json"
     try:
         config = json.loads(config_file.read_text())
         config = config.get("codec_config") or config  # CSM: the codec's config inside the model's
@@ -91,17 +109,13 @@ def describe_model(name: str | None) -> dict:
         from speechctl.models.text_lm import describe_text_lm
 
         return describe_text_lm(name)
-    from speechctl.models.families import family_of
-
-    path = resolve_model(name)
-    config = read_config(path)
-    family = family_of(config)
-    pattern = family.spec(config).pattern
+    checkpoint = resolve_checkpoint(name)
+    config, pattern = checkpoint.config, checkpoint.spec.pattern
     info = {
-        "name": name or DEFAULT_MODEL,
-        "path": str(path),
-        "architecture": config["architectures"][0],
-        "family": family.name,
+        "name": name or default_model(),
+        "path": str(checkpoint.path),
+        "architecture": checkpoint.architecture,
+        "family": checkpoint.family.name,
         "backbone": config.get("model_type"),
         "layers": config.get("num_hidden_layers"),
         "hidden_size": config.get("hidden_size"),
@@ -112,20 +126,50 @@ def describe_model(name: str | None) -> dict:
         "delays": list(pattern.delays),
         "dtype": config.get("dtype") or config.get("torch_dtype"),
     }
-    codec_config = codec_dir(path) / "config.json"
-    if codec_config.is_file():
-        codec = json.loads(codec_config.read_text())
-        codec = codec.get("codec_config") or codec  # CSM: the codec's config inside the model's
-        info["codec"] = codec.get("model_type")
-        info["sample_rate"] = codec.get("sampling_rate") or codec.get("sample_rate")
+    missing = []
+    try:
+        weights = checkpoint.weights
+        info["weights"] = f"{', '.join(weights.chosen)} (by {weights.rule})"
+        info["weights_ignored"] = ", ".join(weights.ignored) or "none"
+    except ModelError as e:
+        missing.append(str(e))
+    try:
+        codec = checkpoint.family.codec(checkpoint.path, config)
+        codec_config = json.loads((codec.path / "config.json").read_text())
+        codec_config = codec_config.get("codec_config") or codec_config  # CSM: the codec's config inside the model's
+        info["codec"] = f"{codec_config.get('model_type')}, {codec.found}: {codec.path}"
+        info["sample_rate"] = codec_config.get("sampling_rate") or codec_config.get("sample_rate")
+    except ModelError as e:
+        missing.append(str(e))
+    except (OSError, ValueError) as e:
+        missing.append(f"codec: {e}")
+    info.update(checkpoint.family.describe(config))  # a family's own lines (AR+NAR: its two stages)
+    info["context_limit"] = checkpoint.context_limit
+    info["generation_defaults"] = describe_defaults(checkpoint.defaults)
+    info["missing"] = "; ".join(missing) or "nothing"
     if info["name"] in BUILTIN:
         info["description"] = BUILTIN[info["name"]]
     return info
 
 
+def describe_defaults(defaults) -> str:
+    def sampling(s):
+        if s.temperature == 0:
+            return "greedy"
+        return f"temperature {s.temperature:g}" + (f", top-k {s.top_k}" if s.top_k else "") + (f", top-p {s.top_p:g}" if s.top_p < 1 else "")
+
+    parts = [f"audio {sampling(defaults.audio)}"]
+    if defaults.depth is not None:
+        parts.append(f"depth decoder {sampling(defaults.depth)}")
+    if defaults.repetition is not None:
+        parts.append(f"repetition-aware (window {defaults.repetition.window}, max {defaults.repetition.max_repeat})")
+    if defaults.max_frames is not None:
+        parts.append(f"at most {defaults.max_frames} frames")
+    return "; ".join(parts) + f" (from {defaults.source})"
+
+
 def list_models() -> list[dict]:
     """Built-in names, then the architectures a checkpoint directory may have (--model DIR)."""
-    from speechctl.models.families import FAMILIES
-
-    builtin = [{"name": name, "description": text} for name, text in BUILTIN.items()]
+    builtin = [{"name": name, "description": text + ("" if name != VOICE or voices.is_shipped() else " (not in this install)")}
+               for name, text in BUILTIN.items()]
     return builtin + [{"name": f"DIR: {arch}", "description": f.description} for arch, f in FAMILIES.items()]

@@ -76,16 +76,22 @@ def create_tiny_lm(path: str | Path, seed: int = 0) -> Path:
 
 def ensure_tiny_lm() -> Path:
     """The embedded response LM, created on first use in the cache."""
-    from speechctl.models.tiny import cached_model
+    from speechctl.models.cache import cached_model
 
     return cached_model(f"tiny-lm-v{TINY_LM_VERSION}", create_tiny_lm)
 
 
 def resolve_text_lm(name: str | None) -> Path:
-    """``tiny-lm`` (the default; built on first use) or a text model directory -> its directory."""
+    """``tiny-lm`` (the default; built on first use), a text model directory or a hub id (from
+    the Hugging Face cache, as ``speechctl.models.hub`` resolves it) -> its directory."""
     if name is None or name == TINY_LM:
         return ensure_tiny_lm()
     path = Path(name).expanduser()
+    if not path.exists():
+        from speechctl.models.hub import is_hub_id, snapshot
+
+        if is_hub_id(name):
+            path = snapshot(name)
     if not (path / "config.json").is_file():
         raise ModelError(f"{name}: not a text model directory (no config.json) and not {TINY_LM}")
     try:

@@ -35,7 +35,7 @@ class AsrStage(Stage):
         return False  # everything happens inside one step
 
     def step(self) -> list[Piece]:
-        from speechctl.api import AsrJob
+        from speechctl.jobs import AsrJob
 
         out = []
         while self.inbox:

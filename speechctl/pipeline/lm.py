@@ -124,6 +124,18 @@ class TextLm:
     def busy(self) -> bool:
         return bool(self._live)
 
+    def close(self) -> None:
+        """Shut the engine down and give its memory back."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            from speechctl.engine import vllm_compat
+
+            self._engine = None
+            self._live.clear()
+            vllm_compat.stop_worker_processes(engine)
+            del engine
+            vllm_compat.collect_dropped_engines()
+
 
 class LmStage(Stage):
     """Input: the user's transcript (a text piece with ``last``). Output: the reply's phrases

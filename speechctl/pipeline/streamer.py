@@ -24,6 +24,7 @@ import numpy as np
 from speechctl.codecs.streaming import StreamingDecoder
 from speechctl.errors import EngineError, SpeechctlError
 from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
+from speechctl.pieces import Sequence
 
 
 @dataclass
@@ -44,6 +45,7 @@ class _Live:
     text_sent: int = 0  # characters of the decoded text already reported
     samples: int = 0  # audio samples reported so far (all segments)
     open_segment: int | None = None  # the segment being decoded (decoder key (id, segment))
+    stream: bool = True  # False: one-shot, its audio decoded whole when it finishes
 
 
 class SpeechStreamer:
@@ -55,6 +57,7 @@ class SpeechStreamer:
         self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
         self._live: dict[str, _Live] = {}
         self._failed: list = []
+        self._sequences: dict[tuple, Sequence] = {}  # (job id, piece) -> its long job
 
     @property
     def sample_rate(self) -> int:
@@ -62,27 +65,43 @@ class SpeechStreamer:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def submit(self, job) -> None:
-        """A ``TtsJob``: validated, its voice prompt encoded, queued in the engine."""
-        from speechctl.api import _validate
+    def submit(self, job, stream: bool = True) -> None:
+        """A ``TtsJob``: validated, its voice prompt encoded, queued in the engine. With
+        ``stream`` False it runs one-shot beside the streamed ones: its whole audio comes as one
+        chunk when it finishes (decoded with the step's other finished one-shot jobs)."""
+        from speechctl.jobs import validate
 
-        error = _validate(job)
+        error = validate(job)
         if error:
             self._failed.append(self._chunk(job.id, error=error))
             return
         codes = self.speech.codec.encode([job.voice])[0] if job.voice is not None else None
-        self.submit_request(job.id, self.speech._request(job, codes))
+        requests = self.speech.requests_of(job, codes)
+        if len(requests) == 1:
+            self.submit_request(job.id, requests[0], stream=stream)
+            return
+        # A long text: its pieces stream together, passed on in order (speechctl.pieces)
+        sequence = Sequence(job.id, requests[0].tag.whole.pieces, self.sample_rate)
+        for request in requests:
+            piece_id = (job.id, request.tag.index)
+            self._sequences[piece_id] = sequence
+            self.submit_request(piece_id, request, stream=stream)
 
-    def submit_request(self, id: str, request) -> None:
+    def submit_request(self, id: str, request, stream: bool = True) -> None:
         """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
-        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio))
+        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream)
         self._live[id] = live
-        self.engine.submit(dataclasses.replace(request, stream=True, tag=live))
+        self.engine.submit(dataclasses.replace(request, stream=stream, tag=live))
 
     def cancel(self, ids=None) -> None:
-        """Stop requests (all by default) now: aborted in the engine, their audio dropped."""
+        """Stop requests (all by default; a long job's id stops all its pieces) now: aborted in the
+        engine, their audio dropped."""
+        if ids is not None:
+            ids = list(ids) + [key for key in self._sequences if key[0] in set(ids)]
+        else:
+            self._sequences.clear()
         chosen = [self._live[i] for i in (list(self._live) if ids is None else ids) if i in self._live]
         if chosen:
             self.engine.abort(chosen)
@@ -105,12 +124,21 @@ class SpeechStreamer:
         frames: dict = {}
         ended: list = []
         finished: list[_Live] = []
+        whole: list[tuple[_Live, np.ndarray]] = []  # one-shot requests finished in this step
         for out in outputs:
             live = out.tag
             if not isinstance(live, _Live) or self._live.get(live.id) is not live:
                 continue  # cancelled meanwhile
             if out.error:
                 self._fail(live, f"{live.id}: {out.error}", events)
+                continue
+            if not live.stream:
+                try:
+                    (codes,) = self.speech.prompts.audio_segments(out, starts_in_audio=True)
+                except (SpeechctlError, ValueError) as e:
+                    self._fail(live, f"{live.id}: {e}", events)
+                    continue
+                whole.append((live, codes))
                 continue
             try:
                 for event in live.reader.feed(out.token_ids, out.aux):
@@ -137,10 +165,32 @@ class SpeechStreamer:
             if live is not None and len(chunk.audio):
                 events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
                 live.samples += len(chunk.audio)
+        if whole:
+            for (live, _), wave in zip(whole, self.speech.codec.decode([codes for _, codes in whole])):
+                events.append(self._chunk(live.id, wave, 0, last=False))
+                live.samples = len(wave)
+                finished.append(live)
         for live in finished:  # all its audio was decoded above: close it with an empty chunk
             del self._live[live.id]
             events.append(self._chunk(live.id, start=live.samples, last=True))
-        return events
+        return self._in_order(events) if self._sequences else events
+
+    def _in_order(self, events: list) -> list:
+        """Pieces' chunks as their long jobs' chunks, in piece order (``pieces.Sequence``)."""
+        out = []
+        for event in events:
+            sequence = self._sequences.get(event.id) if isinstance(event.id, tuple) else None
+            if sequence is None:
+                out.append(event)
+                continue
+            emitted = sequence.push(event.id[1], event)
+            out.extend(emitted)
+            if sequence.failed or any(c.last for c in emitted):
+                pieces = [k for k, s in self._sequences.items() if s is sequence]
+                self.cancel([k for k in pieces if k in self._live])
+                for key in pieces:
+                    del self._sequences[key]
+        return out
 
     def _audio(self, live: _Live, event: AudioEvent, frames: dict, ended: list) -> None:
         key = (live.id, event.segment)
@@ -169,7 +219,7 @@ class SpeechStreamer:
         events.append(self._chunk(live.id, error=error))
 
     def _chunk(self, id: str, audio: np.ndarray | None = None, start: int = 0, last: bool = True, error: str | None = None):
-        from speechctl.api import TtsChunk
+        from speechctl.jobs import TtsChunk
 
         audio = np.zeros(0, np.float32) if audio is None else audio
         return TtsChunk(id, audio, self.sample_rate, start, last, error)

@@ -41,7 +41,7 @@ class TtsStage(Stage):
         return self._turn is not None
 
     def step(self) -> list[Piece]:
-        from speechctl.api import TtsChunk, TtsJob
+        from speechctl.jobs import TtsChunk, TtsJob
 
         out: list[Piece] = []
         while self.inbox:

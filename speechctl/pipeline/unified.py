@@ -29,7 +29,7 @@ class UnifiedStage(Stage):
     name = "unified"
 
     def __init__(self, speech, *, reply_in_audio: bool = False, text_sampling=None, audio_sampling=None, seed: int | None = None, max_tokens: int = 256, max_seconds: float = 10.0, **chunking):
-        from speechctl.api import DEFAULT_AUDIO, DEFAULT_TEXT
+        from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT
 
         super().__init__()
         self.speech = speech
@@ -47,7 +47,7 @@ class UnifiedStage(Stage):
         return self._live is not None
 
     def step(self) -> list[Piece]:
-        from speechctl.api import TtsChunk
+        from speechctl.jobs import TtsChunk
 
         out: list[Piece] = []
         while self.inbox:

@@ -1,0 +1,148 @@
+"""python -m recipes.voice COMMAND ...  (see README.md beside this file)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m recipes.voice", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def scale_args(q):
+        q.add_argument("--scale", default="full", choices=["full", "tiny"])
+        q.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="override a setting, e.g. lm.num_layers=6 (JSON values)")
+
+    q = sub.add_parser("stage", help="one GPU-call stage (what gpu.sh runs)")
+    q.add_argument("stage", choices=["data", "codec", "codes", "lm", "export"])
+    scale_args(q)
+    q.add_argument("--work", default="/root/voice", help="where the stage keeps data and checkpoints")
+    q.add_argument("--out", default=None, help="where the files that travel back go ($OUT)")
+    q.add_argument("--carried", default=".voice", help="where the carried packs are (codec/, codec-model/, lm/)")
+    q.add_argument("--minutes", type=float, default=9.0, help="wall-clock budget of the whole stage")
+    q.add_argument("--resume", action="store_true", help="continue from the carried checkpoint")
+    q.add_argument("--max-steps", type=int, default=None)
+
+    q = sub.add_parser("collect", help="file a device call's packs under .voice/ (and unpack them)")
+    q.add_argument("files", help="the call's files_at folder")
+    q.add_argument("--root", default=".voice")
+
+    q = sub.add_parser("export", help="the speechctl checkpoint directory from an LM and its codec")
+    q.add_argument("--lm", default=".voice/unpacked/lm")
+    q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
+    q.add_argument("--out", default=".voice/model")
+    q.add_argument("--temperature", type=float, default=None, help="the voice's default sampling temperature")
+    q.add_argument("--top-k", type=int, default=None, help="the voice's default top-k")
+
+    q = sub.add_parser("ship", help="install an exported voice as speechctl's default (speechctl/voices/default/)")
+    q.add_argument("model", nargs="?", default=".voice/model")
+
+    q = sub.add_parser("plot", help="loss curves of a checkpoint as PNG")
+    q.add_argument("ckpt")
+    q.add_argument("--out", required=True)
+
+    q = sub.add_parser("pack", help="split a directory into NAME.tar.partNN (< 16 MiB) + NAME.sha256")
+    q.add_argument("src")
+    q.add_argument("--name", required=True)
+    q.add_argument("--out", required=True)
+
+    q = sub.add_parser("unpack", help="join NAME.tar.partNN (checked) and extract")
+    q.add_argument("src")
+    q.add_argument("--name", required=True)
+    q.add_argument("--dest", required=True)
+
+    q = sub.add_parser("speed", help="CPU speed of a shape through speechctl's vLLM engine (random weights)")
+    scale_args(q)
+    q.add_argument("--frames", type=int, default=100)
+    q.add_argument("--repeats", type=int, default=5)
+    q.add_argument("--cli", action="store_true", help="also time `speechctl tts` cold starts")
+    q.add_argument("--out", default=None, help="append the JSON result to this file")
+
+    q = sub.add_parser("eval-codec", help="held-out audio through a codec: wavs, SNR, Whisper WER")
+    q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
+    q.add_argument("--data", default=".voice/heldout-data",
+                   help="a data directory; made (the held-out sentences only) when it has none")
+    q.add_argument("--out", required=True)
+    q.add_argument("--limit", type=int, default=None)
+    q.add_argument("--asr", default="whisper-tiny.en", help="speechctl ASR model for the WER ('' to skip)")
+
+    q = sub.add_parser("dryrun", help="the whole recipe at tiny scale on this CPU (minutes)")
+    q.add_argument("--work", default=".voice/dryrun")
+    q.add_argument("--codec-steps", type=int, default=60)
+    q.add_argument("--lm-steps", type=int, default=300)
+
+    sub.add_parser("text-sources", help="rebuild text/devil.txt and text/words.txt from Debian's packages")
+
+    args = p.parse_args(argv)
+    if args.command == "stage":
+        from recipes.voice.stages import main_stage
+
+        main_stage(args)
+    elif args.command == "collect":
+        from recipes.voice.stages import collect
+
+        collect(Path(args.files), Path(args.root))
+    elif args.command == "export":
+        from recipes.voice.stages import run_export
+
+        from recipes.voice.export import SAMPLING
+
+        sampling = {**SAMPLING, **({"temperature": args.temperature} if args.temperature is not None else {}),
+                    **({"top_k": args.top_k} if args.top_k is not None else {})}
+        run_export(Path(args.lm), Path(args.codec_model), Path(args.out), sampling=sampling)
+    elif args.command == "ship":
+        from recipes.voice.export import ship, sizes
+
+        dest = ship(Path(args.model))
+        print(f"{dest}: {sizes(dest)['total_bytes'] / 1e6:.1f} MB")
+    elif args.command == "plot":
+        from recipes.voice.checkpoint import read_record
+        from recipes.voice.plots import plot_codec, plot_lm
+        import torch
+
+        meta = torch.load(Path(args.ckpt) / "state.pt", map_location="cpu", weights_only=False)["meta"]
+        record = read_record(Path(args.ckpt))
+        if record["stage"] == "codec":
+            plot_codec(meta["history"], Path(args.out))
+        else:
+            plot_lm(meta["history"], Path(args.out), record["recipe"]["codec"]["n_codebooks"])
+    elif args.command == "pack":
+        from recipes.voice.checkpoint import pack
+
+        for part in pack(Path(args.src), Path(args.out), args.name):
+            print(part)
+    elif args.command == "unpack":
+        from recipes.voice.checkpoint import unpack
+
+        print(unpack(Path(args.src), args.name, Path(args.dest)))
+    elif args.command == "speed":
+        from recipes.voice.speed import measure
+        from recipes.voice.stages import resolve_recipe
+
+        recipe = resolve_recipe(args.scale, args.set)
+        result = measure(recipe.lm, recipe.codec, frames=args.frames, repeats=args.repeats, cli=args.cli)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(result) + "\n")
+    elif args.command == "eval-codec":
+        from recipes.voice.evaluate import eval_codec
+
+        eval_codec(Path(args.codec_model), Path(args.data), Path(args.out), args.limit, args.asr or None)
+    elif args.command == "dryrun":
+        from recipes.voice.dryrun import dryrun
+
+        dryrun(Path(args.work), args.codec_steps, args.lm_steps)
+    elif args.command == "text-sources":
+        from recipes.voice.text import build_sources
+
+        print(json.dumps(build_sources(), indent=2))
+    else:  # pragma: no cover
+        sys.exit(f"unknown command {args.command}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Training checkpoints that travel: one ``state.pt`` per stage, a ``recipe.json`` beside it
+(every setting, seed, data hash, versions), and a pack/unpack pair that turns a directory into
+``NAME.tar.partNN`` files of at most ``PART_BYTES`` (what one device call carries back) and back.
+
+A checkpoint holds the weights in float32 and the Adam moments in bfloat16 when that fits in
+``MAX_STATE_BYTES`` (a call carries at most 64 MiB back or forth, the repository included); past
+that, bfloat16 weights and no optimizer state: a resumed run then rebuilds the moments over a short
+warm-up (``recipe.json`` says which: ``"resume": "exact"`` or ``"weights"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+PART_BYTES = 16_000_000  # < 16 MiB: the largest file a device call brings back
+MAX_STATE_BYTES = 56 * 1024 * 1024  # what a call can carry beside the repository (64 MiB in all)
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _moments_to(state: dict, dtype) -> dict:
+    """An optimizer state dict with its tensors (Adam's moments) in ``dtype`` (steps stay)."""
+    out = {"param_groups": state["param_groups"], "state": {}}
+    for key, s in state["state"].items():
+        out["state"][key] = {
+            k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0 else v) for k, v in s.items()
+        }
+    return out
+
+
+def state_bytes(modules: dict) -> int:
+    return sum(p.numel() * 4 for m in modules.values() for p in m.state_dict().values() if p.is_floating_point())
+
+
+def save_state(path: Path, modules: dict, optimizers: dict, meta: dict, max_bytes: int = MAX_STATE_BYTES) -> str:
+    """Write ``path/state.pt``: ``modules`` ({name: nn.Module}) and ``optimizers`` ({name:
+    Optimizer}) as the budget allows, with ``meta`` (step, history, ...). Returns the resume
+    kind ("exact" or "weights")."""
+    path.mkdir(parents=True, exist_ok=True)
+    weights = state_bytes(modules)
+    exact = 2 * weights <= max_bytes  # fp32 weights + two bf16 moments = 2x the fp32 weights
+    if not exact and weights // 2 > max_bytes:
+        raise CheckpointError(f"even bfloat16 weights ({weights // 2 / 2**20:.0f} MiB) exceed {max_bytes / 2**20:.0f} MiB")
+    dtype = torch.float32 if exact else torch.bfloat16
+    state = {
+        "modules": {name: {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
+                           for k, v in m.state_dict().items()} for name, m in modules.items()},
+        "optimizers": {name: _moments_to(_cpu(o.state_dict()), torch.bfloat16) for name, o in optimizers.items()} if exact else {},
+        "meta": meta,
+        "resume": "exact" if exact else "weights",
+    }
+    tmp = path / "state.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path / "state.pt")
+    return state["resume"]
+
+
+def _cpu(obj):
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu(v) for v in obj]
+    return obj
+
+
+def load_state(path: Path, modules: dict, optimizers: dict) -> dict:
+    """Load ``path/state.pt`` into ``modules`` and (when it has them) ``optimizers``; returns
+    its meta plus ``resume``."""
+    state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+    for name, m in modules.items():
+        params = m.state_dict()
+        m.load_state_dict({k: v.to(params[k].dtype) for k, v in state["modules"][name].items()})
+    for name, o in optimizers.items():
+        if name in state["optimizers"]:
+            saved = state["optimizers"][name]
+            o.load_state_dict(saved)  # torch casts the moments back to the parameters' dtype
+    return {**state["meta"], "resume": state["resume"]}
+
+
+# -- the record beside each checkpoint ----------------------------------------------------------
+
+
+def environment() -> dict:
+    import numpy
+    import transformers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "host_cpus": os.cpu_count(),
+    }
+    try:
+        root = Path(__file__).resolve().parents[2]
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "recipes", "speechctl"],
+                               capture_output=True, text=True)
+        if commit.returncode == 0:
+            env["git_commit"] = commit.stdout.strip()
+            env["git_dirty"] = bool(dirty.stdout.strip())
+    except OSError:
+        pass
+    return env
+
+
+def write_record(path: Path, record: dict) -> None:
+    """``path/recipe.json``: what made this checkpoint (appended to the runs before it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    record = {**record, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (path / "recipe.json").write_text(json.dumps(record, indent=2, default=str))
+
+
+def read_record(path: Path) -> dict | None:
+    try:
+        return json.loads((Path(path) / "recipe.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# -- packing a directory into parts that travel ---------------------------------------------------
+
+
+def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[Path]:
+    """``src`` (a directory) as ``out/name.tar.part00, part01, ...`` and ``out/name.sha256``
+    (the tar's hash, then one line per part)."""
+    src, out = Path(src), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{name}.tar.part*"):
+        old.unlink()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for f in sorted(p for p in src.rglob("*") if p.is_file()):
+            info = tar.gettarinfo(str(f), arcname=str(f.relative_to(src)))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""  # same bytes, same tar
+            with open(f, "rb") as fh:
+                tar.addfile(info, fh)
+    data = buffer.getvalue()
+    parts = []
+    lines = [f"{hashlib.sha256(data).hexdigest()}  {name}.tar"]
+    for i in range(0, max(len(data), 1), part_bytes):
+        part = out / f"{name}.tar.part{i // part_bytes:02d}"
+        chunk = data[i: i + part_bytes]
+        part.write_bytes(chunk)
+        parts.append(part)
+        lines.append(f"{hashlib.sha256(chunk).hexdigest()}  {part.name}")
+    (out / f"{name}.sha256").write_text("\n".join(lines) + "\n")
+    return parts
+
+
+def unpack(src: Path, name: str, dest: Path) -> Path:
+    """Join ``src/name.tar.partNN`` (checked against ``src/name.sha256``) and extract into
+    ``dest``; returns ``dest``."""
+    src, dest = Path(src), Path(dest)
+    sums = (src / f"{name}.sha256").read_text().split("\n")
+    whole, *parts = [line.split() for line in sums if line.strip()]
+    data = b""
+    for digest, part_name in parts:
+        chunk = (src / part_name).read_bytes()
+        if hashlib.sha256(chunk).hexdigest() != digest:
+            raise CheckpointError(f"{src / part_name}: damaged (sha256 differs)")
+        data += chunk
+    if hashlib.sha256(data).hexdigest() != whole[0]:
+        raise CheckpointError(f"{src}/{name}: the joined parts are not the packed tar")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def find_packed(src: Path) -> list[str]:
+    """Names of the packs in ``src`` (``NAME.sha256`` with its parts)."""
+    return sorted(p.stem for p in Path(src).glob("*.sha256"))

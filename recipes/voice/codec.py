@@ -1,0 +1,275 @@
+"""Training the codec: a ``transformers.DacModel`` (weight-normalized while it trains) on random
+crops of the synthesized speech, with DAC's losses (multi-scale mel, waveform, VQ commitment and
+codebook terms, least-squares GAN and feature matching against ``discriminators.py``), dead-code
+re-seeding, a warmup-stable-decay schedule by the clock (``schedule.py``) and a wall-clock budget. The whole training set lives on the device
+as int16 and crops are drawn there from a generator seeded by (seed, step): a resumed run draws
+exactly what an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from recipes.voice.checkpoint import environment, load_state, read_record, save_state, write_record
+from recipes.voice.config import CodecShape, CodecTrain, Recipe
+from recipes.voice.data import Split, load_split
+from recipes.voice.discriminators import Discriminators, discriminator_loss, generator_losses
+from recipes.voice.losses import MultiScaleMelLoss, waveform_l1
+from recipes.voice.schedule import RunSchedule
+
+
+def build_codec(shape: CodecShape, train: CodecTrain):
+    """A fresh DacModel of ``shape`` with weight normalization (removed again by ``plain``)."""
+    import transformers
+
+    torch.manual_seed(train.seed)
+    model = transformers.DacModel(shape.dac_config(quantizer_dropout=train.quantizer_dropout))
+    model.apply_weight_norm()
+    return model
+
+
+def plain(model):
+    """The DacModel speechctl loads, from a training codec: weight normalization folded into
+    plain weights, no quantizer dropout, eval mode, on the CPU. (A fresh model filled with the
+    computed weights: removing the parametrizations from a deep copy would strip them from the
+    original too, whose parametrized class the copy shares.)"""
+    import transformers
+
+    config = copy.deepcopy(model.config)
+    config.quantizer_dropout = 0.0
+    fresh = transformers.DacModel(config)
+    state = {}
+    with torch.no_grad():
+        for name in fresh.state_dict():
+            owner, _, attr = name.rpartition(".")
+            state[name] = getattr(model.get_submodule(owner), attr).detach().float().cpu().clone()
+    fresh.load_state_dict(state)
+    return fresh.eval()
+
+
+class Crops:
+    """Random [B, L] crops of a split held on the device (int16), with a random gain."""
+
+    def __init__(self, split: Split, device, length: int, seed: int):
+        with warnings.catch_warnings():  # a read-only memmap: copied to the device, never written
+            warnings.simplefilter("ignore", UserWarning)
+            self.audio = torch.from_numpy(np.asarray(split.audio)).to(device)
+        if self.audio.device.type == "cpu":
+            self.audio = self.audio.clone()
+        if self.audio.numel() <= length:
+            raise ValueError(f"the training audio ({self.audio.numel()} samples) is shorter than a crop ({length})")
+        self.device, self.length, self.seed = device, length, seed
+        self.offsets = torch.arange(length, device=device)
+
+    def batch(self, step: int, size: int) -> torch.Tensor:
+        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + step)
+        starts = torch.randint(0, self.audio.numel() - self.length, (size, 1), generator=g, device=self.device)
+        gain = 0.5 + 0.5 * torch.rand((size, 1), generator=g, device=self.device)
+        return self.audio[starts + self.offsets].float() * (gain / 32768.0)
+
+
+class CodecTrainer:
+    def __init__(self, recipe: Recipe, data_dir: Path, device: str, data_sha256: str, log=print):
+        self.recipe, self.log, self.device = recipe, log, torch.device(device)
+        self.shape, self.cfg = recipe.codec, recipe.codec_train
+        self.data_sha256 = data_sha256
+        cfg = self.cfg
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cudnn.benchmark = True
+        self.model = build_codec(self.shape, cfg).to(self.device).train()
+        self.disc = Discriminators(cfg.disc_periods, cfg.disc_stft, cfg.disc_channels).to(self.device).train()
+        fused = self.device.type == "cuda"
+        self.opt_g = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                       weight_decay=cfg.weight_decay, fused=fused)
+        self.opt_d = torch.optim.AdamW(self.disc.parameters(), lr=cfg.lr_disc, betas=cfg.betas,
+                                       weight_decay=cfg.weight_decay, fused=fused)
+        self.mel = MultiScaleMelLoss(self.shape.sampling_rate, cfg.mel_windows, cfg.mel_bins).to(self.device)
+        hop = self.shape.hop_length
+        self.segment = max(1, round(cfg.segment_s * self.shape.sampling_rate / hop)) * hop
+        self.crops = Crops(load_split(data_dir, "train"), self.device, self.segment, cfg.seed)
+        self.heldout = load_split(data_dir, "heldout")
+        K, C = self.shape.n_codebooks, self.shape.codebook_size
+        self.usage = torch.zeros(K, C, device=self.device)
+        self.step, self.history, self.runs = 0, [], []
+        self.encoder, self.decoder = self.model.encoder, self.model.decoder
+        if cfg.compile:
+            self.encoder, self.decoder = torch.compile(self.encoder), torch.compile(self.decoder)
+            self.disc_forward = torch.compile(self.disc)
+        else:
+            self.disc_forward = self.disc
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def modules(self):
+        return {"codec": self.model, "disc": self.disc}
+
+    def optimizers(self):
+        return {"codec": self.opt_g, "disc": self.opt_d}
+
+    def resume(self, path: Path) -> None:
+        record = read_record(path) or {}
+        if record.get("data_sha256") and record["data_sha256"] != self.data_sha256:
+            self.log(f"codec: WARNING: {path} was trained on other data ({record['data_sha256'][:16]})")
+        meta = load_state(path, self.modules(), self.optimizers())
+        self.step, self.history, self.runs = meta["step"], meta["history"], meta["runs"]
+        self.usage.copy_(meta["usage"].to(self.device))
+        self.log(f"codec: resumed at step {self.step} ({meta['resume']})")
+
+    def save(self, path: Path) -> None:
+        meta = {"step": self.step, "history": self.history, "runs": self.runs, "usage": self.usage.cpu()}
+        resume = save_state(path, self.modules(), self.optimizers(), meta)
+        codec_params = sum(p.numel() for p in plain(self.model).parameters())  # as shipped
+        write_record(path, {
+            "stage": "codec", "step": self.step, "resume": resume, "recipe": self.recipe.to_dict(),
+            "data_sha256": self.data_sha256, "runs": self.runs, "environment": environment(),
+            "codec_parameters": codec_params,
+            "disc_parameters": sum(p.numel() for p in self.disc.parameters()),
+            "last": self.history[-1] if self.history else None,
+            "heldout": next((h for h in reversed(self.history) if "heldout_mel" in h), None),
+        })
+
+    # -- training -------------------------------------------------------------------------------
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
+    def train(self, deadline: float, max_steps: int | None = None) -> None:
+        cfg = self.cfg
+        started, first_step = time.time(), self.step
+        schedule = RunSchedule(deadline, first_step=first_step, warmup_steps=cfg.warmup_steps,
+                               decay_share=cfg.decay_share, floor=cfg.min_lr_share, max_steps=max_steps)
+        sums: dict[str, torch.Tensor] = {}
+        window_start = time.time()
+        while time.time() < deadline and (max_steps is None or self.step - first_step < max_steps):
+            scale = schedule.factor(self.step)
+            for group in self.opt_g.param_groups:
+                group["lr"] = cfg.lr * scale
+            for group in self.opt_d.param_groups:
+                group["lr"] = cfg.lr_disc * scale
+            torch.manual_seed(cfg.seed * 7919 + self.step)  # quantizer dropout draws from the global generator
+            losses = self._step(self.crops.batch(self.step, cfg.batch_size))
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + v.detach()
+            self.step += 1
+            if self.step % cfg.log_every == 0:
+                n = cfg.log_every
+                row = {k: round(float(v) / n, 5) for k, v in sums.items()}
+                row.update(step=self.step, lr=cfg.lr * scale, seconds=round(time.time() - window_start, 2),
+                           usage=self._usage_summary())
+                self.history.append(row)
+                self.log("codec: " + " ".join(f"{k} {v}" for k, v in row.items() if k != "usage")
+                         + f" used {row['usage']}")
+                sums, window_start = {}, time.time()
+            if cfg.codebook_reset_every and self.step % cfg.codebook_reset_every == 0:
+                self._reset_dead_codes()
+        elapsed = time.time() - started
+        self.runs.append({"steps": [first_step, self.step], "seconds": round(elapsed, 1),
+                          "steps_per_s": round((self.step - first_step) / max(elapsed, 1e-9), 2)})
+        self.history.append({"step": self.step, **self.evaluate()})
+
+    def _step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        with self._autocast():
+            z = self.encoder(x[:, None])
+            zq, codes, latents, commit, codebook = self.model.quantizer(z)
+            y = self.decoder(zq)[:, 0, : x.shape[-1]].float()
+        self._latents, self._codes = latents.detach(), codes.detach()
+        K = codes.shape[1]
+        self.usage.scatter_add_(1, codes.transpose(0, 1).reshape(K, -1),
+                                torch.ones(1, device=x.device).expand(K, codes[:, 0].numel()))
+        mel = self.mel(y, x)
+        wave = waveform_l1(y, x)
+        commit, codebook = commit.mean(), codebook.mean()
+        loss = cfg.w_mel * mel + cfg.w_wave * wave + cfg.w_commit * commit + cfg.w_codebook * codebook
+        out = {"mel": mel, "wave": wave, "commit": commit, "codebook": codebook}
+        if cfg.adversarial and self.step >= cfg.disc_start_step:
+            with self._autocast():
+                real = self.disc_forward(x)
+                fake = self.disc_forward(y.detach())
+                d_loss = discriminator_loss(real, fake)
+            self.opt_d.zero_grad(set_to_none=True)
+            d_loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.disc.parameters(), cfg.grad_clip)
+            self.opt_d.step()
+            with self._autocast():
+                fake = self.disc_forward(y)
+                adv, feat = generator_losses([[f.detach() for f in r] for r in real], fake)
+            loss = loss + cfg.w_adv * adv + cfg.w_feat * feat
+            out.update(d=d_loss.detach(), adv=adv.detach(), feat=feat.detach())
+        self.opt_g.zero_grad(set_to_none=True)
+        loss.backward()
+        out["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt_g.step()
+        out["loss"] = loss.detach()
+        return out
+
+    def _usage_summary(self) -> list[float]:
+        """Share of each codebook's codes used since the last reset."""
+        return [round(x, 3) for x in (self.usage > 0).float().mean(dim=1).tolist()]
+
+    @torch.no_grad()
+    def _reset_dead_codes(self) -> None:
+        """Codes unused since the last reset take the place of random latents of the last batch
+        (each quantizer's own input projection), so that every code keeps being trained."""
+        D = self.shape.codebook_dim
+        latents = self._latents.float()  # [B, K*D, T]
+        for k, quantizer in enumerate(self.model.quantizer.quantizers):
+            dead = torch.nonzero(self.usage[k] == 0).flatten()
+            if dead.numel() == 0:
+                continue
+            pool = latents[:, k * D:(k + 1) * D].transpose(1, 2).reshape(-1, D)
+            pick = torch.randint(0, pool.shape[0], (dead.numel(),), device=pool.device)
+            quantizer.codebook.weight[dead] = pool[pick].to(quantizer.codebook.weight.dtype)
+        self.usage.zero_()
+
+    @torch.no_grad()
+    def evaluate(self, limit: int = 64) -> dict:
+        """Held-out reconstruction with all codebooks: mel loss and SNR (dB)."""
+        model = self.model.eval()
+        hop = self.shape.hop_length
+        mels, snrs = [], []
+        for i in range(min(limit, len(self.heldout))):
+            wave = torch.from_numpy(self.heldout.wave(i)).to(self.device)
+            n = wave.numel() // hop * hop
+            if n == 0:
+                continue
+            x = wave[None, :n]
+            y = model(x[:, None]).audio_values[:, :n].float()
+            mels.append(float(self.mel(y, x)))
+            snrs.append(float(10 * torch.log10(x.pow(2).sum() / (x - y).pow(2).sum().clamp(min=1e-12))))
+        model.train()
+        return {"heldout_mel": round(float(np.mean(mels)), 5), "heldout_snr_db": round(float(np.mean(snrs)), 3)}
+
+
+def load_trained_codec(path: Path, device: str = "cpu"):
+    """The plain DacModel (eval, float32) of a codec checkpoint directory."""
+    record = read_record(path)
+    if record is None:
+        raise FileNotFoundError(f"{path}: no recipe.json (not a codec checkpoint)")
+    recipe = Recipe.from_dict(record["recipe"])
+    model = build_codec(recipe.codec, recipe.codec_train)
+    load_state(path, {"codec": model}, {})
+    return plain(model).to(device), recipe, record
+
+
+def describe_shape(shape: CodecShape) -> dict:
+    return {**asdict(shape), "hop_length": shape.hop_length, "frame_rate": shape.frame_rate}
+
+
+def save_codec_model(path: Path, out: Path, dtype: str = "float16") -> Path:
+    """The codec of checkpoint ``path`` as the DacModel directory speechctl ships (``codec/``):
+    weight normalization folded in, weights stored in ``dtype`` (speechctl computes in float32).
+    The LM trains on the codes of exactly this model."""
+    model, _, _ = load_trained_codec(path)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    return Path(out)

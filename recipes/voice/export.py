@@ -1,0 +1,103 @@
+"""A finished checkpoint directory in speechctl's layout, loadable by ``speechctl tts --model DIR``:
+
+    config.json            the backbone's config with its ``speechctl`` section (streams, tokens)
+    model.safetensors      the LM (``model.*``, ``lm_head``, ``audio_embed``, ``audio_head``), bf16
+    tokenizer files        speechctl's byte tokenizer with ``SPECIAL_TOKENS``
+    codec/                 the trained DacModel (config.json + model.safetensors, fp16)
+    speechctl.json         what made it: recipe, data and code hashes, licences of the text
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from recipes.voice.checkpoint import load_state, read_record
+from recipes.voice.config import Recipe
+
+
+# How the voice samples unless a user says otherwise (generation_config.json, which speechctl reads
+# as the checkpoint's defaults): a small LM said greedily loops and stalls; sampled from its top
+# codes it speaks. The values are chosen by the held-out WER after training (docs/voice.md).
+SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50}
+
+
+def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None) -> Path:
+    """``lm_dir``: an LM checkpoint (state.pt + recipe.json); ``codec_model_dir``: the codec the
+    LM was trained on (``codec.save_codec_model``); ``sampling``: the generation_config fields of
+    the voice's default sampling (default ``SAMPLING``). Writes ``out`` (replaced)."""
+    import transformers
+    from safetensors.torch import save_file
+
+    from recipes.voice.lm import SpeechLM, skeleton
+
+    lm_dir, codec_model_dir, out = Path(lm_dir), Path(codec_model_dir), Path(out)
+    record = read_record(lm_dir)
+    if record is None or record.get("stage") != "lm":
+        raise FileNotFoundError(f"{lm_dir}: not an LM checkpoint (no recipe.json of stage lm)")
+    recipe = Recipe.from_dict(record["recipe"])
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    skeleton(recipe, tmp)
+    config = transformers.AutoConfig.from_pretrained(tmp)
+    model = SpeechLM(config)
+    load_state(lm_dir, {"lm": model}, {})
+    state = model.export_state(getattr(torch, recipe.lm.dtype))
+    expected = {f"model.{k}" for k in model.model.state_dict()} | {"lm_head.weight", "audio_embed.weight",
+                                                                    "audio_head.weight"}
+    if set(state) != expected:
+        raise RuntimeError(f"state dict keys differ from speechctl's layout: {sorted(set(state) ^ expected)}")
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(tmp / "codec")
+    shutil.copytree(codec_model_dir, tmp / "codec")
+    codec_config = json.loads((tmp / "codec" / "config.json").read_text())
+    if codec_config["n_codebooks"] != len(config.speechctl["delays"]) or \
+            codec_config["codebook_size"] != config.speechctl["codebook_size"]:
+        raise RuntimeError("the codec's codebooks are not the LM's")
+    (tmp / "generation_config.json").write_text(json.dumps(sampling or SAMPLING, indent=2) + "\n")
+    (tmp / "speechctl.json").write_text(json.dumps({
+        "recipe": recipe.to_dict(),
+        "made_by": "recipes/voice (speechctl issue 20)",
+        "lm": {"step": record["step"], "codes_sha256": record.get("codes_sha256"), "runs": record.get("runs"),
+               "heldout": record.get("heldout")},
+        "codec_dir_source": str(codec_model_dir),
+        "text": "The Devil's Dictionary by Ambrose Bierce (1911, public domain) and SCOWL word lists "
+                "(Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
+        "speech": "espeak-ng (GPL-3.0-or-later), voice " + recipe.data.voice,
+    }, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def ship(model_dir: Path, dest: Path | None = None) -> Path:
+    """Install an exported voice as the package's default (``speechctl/voices/default/``, kept
+    beside its README), replacing the one there; checked complete first."""
+    from speechctl.voices import is_shipped, voice_dir
+
+    model_dir, dest = Path(model_dir), Path(dest or voice_dir())
+    if not is_shipped(model_dir):
+        raise FileNotFoundError(f"{model_dir}: not an exported voice (config.json, model.safetensors, codec/)")
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(model_dir, tmp)
+    readme = dest / "README.md"
+    if readme.is_file():
+        shutil.copy2(readme, tmp / "README.md")
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def sizes(path: Path) -> dict:
+    """Bytes of each file of an exported directory, and the total."""
+    path = Path(path)
+    files = {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+    return {"files": files, "total_bytes": sum(files.values())}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The voice recipe on the GPU machine, one stage per device call (README.md beside this file
+# gives the calls, what each carries and what comes back):
+#
+#   recipes/voice/gpu.sh data|codec|lm|codes|export [resume]
+#
+# Runs from the repository root (it cds there) with PYTHONPATH=$PWD; what must come back goes to
+# $OUT (at most 8 files of < 16 MiB). Settings by environment:
+#   MINUTES     wall-clock budget of the stage, setup included (default 9; a call may run 10)
+#   VOICE_WORK  where data and checkpoints live on the machine (default /root/voice)
+#   VOICE_SCALE full (default) or tiny
+#   VOICE_SET   space-separated overrides, e.g. "lm.num_layers=6 lm_train.lr=0.001"
+#   PYTHON      the interpreter (default python3: the one that holds torch there)
+#   ESPEAK_DIR  the carried espeak-ng bundle (default .gpu/espeak: make it with
+#               ../shared/gpu/espeak/make-espeak-bundle.sh)
+set -euo pipefail
+STAGE=${1:?usage: recipes/voice/gpu.sh data|codec|lm|codes|export [resume]}
+MODE=${2:-}
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-${VOICE_WORK:-/root/voice}/out}
+mkdir -p "$OUT"
+
+# espeak-ng: Debian 12's packages unpacked once per machine, with the no-audio libpcaudio stand-in
+if [ "$STAGE" != export ] && ! command -v espeak-ng >/dev/null; then
+  ESPEAK_DIR=${ESPEAK_DIR:-.gpu/espeak}
+  L=/opt/espeak/usr/lib/x86_64-linux-gnu
+  if [ ! -x /opt/espeak/usr/bin/espeak-ng ]; then
+    ls "$ESPEAK_DIR"/*.deb >/dev/null 2>&1 || { echo "no espeak-ng bundle in $ESPEAK_DIR: carry it (README.md)" >&2; exit 2; }
+    mkdir -p /opt/espeak
+    for f in "$ESPEAK_DIR"/*.deb; do dpkg -x "$f" /opt/espeak; done
+    cp "$ESPEAK_DIR/libpcaudio.so.0" "$L/"
+  fi
+  export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export ESPEAK_NG=/opt/espeak/usr/bin/espeak-ng ESPEAK_NG_DATA=$L
+fi
+
+ARGS=(--work "${VOICE_WORK:-/root/voice}" --out "$OUT" --carried .voice --minutes "${MINUTES:-9}"
+      --scale "${VOICE_SCALE:-full}")
+for s in ${VOICE_SET:-}; do ARGS+=(--set "$s"); done
+if [ "$MODE" = resume ]; then ARGS+=(--resume); fi
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
+exec "${PYTHON:-python3}" -m recipes.voice stage "$STAGE" "${ARGS[@]}"

@@ -1,0 +1,42 @@
+"""Learning rates by the clock: warm up, hold, and decay over the last part of each run.
+
+A run is bounded by wall-clock time (one device call), and how many steps fit is not known
+ahead, so the schedule is warmup-stable-decay over the run's own time: linear warm-up over the
+first steps of training, the peak rate until ``decay_share`` of the run's time is left, then a
+cosine down to ``floor`` x peak at its deadline (or over its last steps, when ``max_steps``
+bounds it). Every run thus ends annealed, a checkpoint fit to export, and a resumed run holds the
+peak again before it anneals once more.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+
+class RunSchedule:
+    def __init__(self, deadline: float, *, first_step: int, warmup_steps: int, decay_share: float, floor: float,
+                 max_steps: int | None = None, rewarm_from: int | None = None, clock=time.time):
+        self.clock = clock
+        self.start, self.deadline = clock(), deadline
+        self.first, self.max_steps = first_step, max_steps
+        self.warmup, self.decay_share, self.floor = warmup_steps, decay_share, floor
+        self.rewarm_from = rewarm_from
+
+    def progress(self, step: int) -> float:
+        """How far through this run, 0..1 (by steps when they bound it, else by time)."""
+        if self.max_steps is not None:
+            return min(1.0, (step - self.first) / max(1, self.max_steps))
+        span = max(1e-9, self.deadline - self.start)
+        return min(1.0, (self.clock() - self.start) / span)
+
+    def factor(self, step: int) -> float:
+        scale = min(1.0, (step + 1) / max(1, self.warmup))
+        if self.rewarm_from is not None:  # optimizer moments rebuilt after a resume
+            scale *= min(1.0, (step - self.rewarm_from + 1) / max(1, self.warmup // 2))
+        p = self.progress(step)
+        start = 1.0 - self.decay_share
+        if p > start and self.decay_share > 0:
+            t = (p - start) / self.decay_share
+            scale *= self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * t))
+        return scale

@@ -1,0 +1,273 @@
+"""The recipe's stages as one-call units: each makes what it needs that is missing (the data, the
+codes), trains until its deadline, saves, and packs what must travel into ``out`` (a device
+call's $OUT: at most 8 files of at most 16 MiB).
+
+    WORK/data-codec/  WORK/data/   synthesized speech (the codec's first hours; all of it)
+    WORK/codec/                    codec training checkpoint    -> out/codec.tar.partNN
+    WORK/codec-model/              the codec as shipped (fp16)  (made from it, where it is unpacked)
+    WORK/codes/                    codes of WORK/data by WORK/codec-model
+    WORK/lm/                       LM checkpoint                -> out/lm.tar.partNN
+    WORK/model/                    the exported speechctl checkpoint -> out/model.tar.partNN
+
+Carried back here, ``collect`` files the packs under ``.voice/`` (parts kept for carrying them
+again, unpacked copies under ``.voice/unpacked/``) and makes ``codec-model`` from a codec.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from recipes.voice import checkpoint
+from recipes.voice.config import ConfigError, Recipe, preset
+
+RESERVE_S = 45  # of a stage's minutes, kept for saving, plotting and packing after training
+
+
+class Log:
+    """Lines to stdout and appended to a file (which travels in the checkpoint's pack)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+
+    def __call__(self, line: str) -> None:
+        stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
+        print(stamped, flush=True)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(stamped + "\n")
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def apply_sets(recipe: Recipe, sets: list[str]) -> Recipe:
+    """``section.field=value`` overrides (JSON values: 512, [0, 1, 2], true, "en-gb")."""
+    data = recipe.to_dict()
+    for item in sets or []:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        if section not in data or not isinstance(data[section], dict) or name not in data[section]:
+            raise ConfigError(f"--set {item}: no setting {key}")
+        try:
+            data[section][name] = json.loads(value)
+        except ValueError:
+            data[section][name] = value
+    return Recipe.from_dict(data)
+
+
+def _deadline(started: float, minutes: float) -> float:
+    return started + max(0.0, minutes * 60 - RESERVE_S)
+
+
+def _unpack_into(carried: Path, name: str, dest: Path) -> Path:
+    """A pack carried to the device (``carried/name.sha256`` + parts) unpacked as ``dest``."""
+    if not (Path(carried) / f"{name}.sha256").is_file():
+        raise FileNotFoundError(f"no {name}.sha256 in {carried}: carry the parts of '{name}' (see README)")
+    shutil.rmtree(dest, ignore_errors=True)
+    return checkpoint.unpack(carried, name, dest)
+
+
+# -- stages -------------------------------------------------------------------------------------
+
+
+def run_data(recipe: Recipe, work: Path, out: Path | None, log=print) -> dict:
+    from recipes.voice import data
+
+    manifest = data.ensure(recipe.data, Path(work) / "data", log=log)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "data-manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resume: Path | None = None,
+              device: str | None = None, max_steps: int | None = None, sets: list[str] | None = None) -> Path:
+    """Train the codec for ``minutes`` (a new run from ``recipe``, or resumed from the pack in
+    ``resume``); ``out`` receives codec.tar.partNN, codec.sha256 and codec-loss.png."""
+    from recipes.voice import data
+    from recipes.voice.codec import CodecTrainer
+    from recipes.voice.plots import plot_codec
+
+    started = time.time()
+    work = Path(work)
+    ckpt = work / "codec"
+    if resume is not None:
+        _unpack_into(resume, "codec", ckpt)
+        recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
+    else:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    log = Log(ckpt / "log.txt")
+    device = device or default_device()
+    log(f"codec: {'resuming' if resume else 'new run'} on {device}, {minutes} min")
+    expected = (checkpoint.read_record(ckpt) or {}).get("data_sha256") if resume else None
+    manifest = data.ensure(recipe.data, work / "data-codec", expect_sha256=expected,
+                           limit_hours=recipe.codec_train.data_hours, log=log)
+    trainer = CodecTrainer(recipe, work / "data-codec", device, manifest["sha256"], log=log)
+    if resume is not None:
+        trainer.resume(ckpt)
+    trainer.train(_deadline(started, minutes), max_steps=max_steps)
+    trainer.save(ckpt)
+    plot_codec(trainer.history, ckpt / "codec-loss.png", f"codec ({recipe.scale}), step {trainer.step}")
+    log(f"codec: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all")
+    if out is not None:
+        checkpoint.pack(ckpt, out, "codec")
+        shutil.copy(ckpt / "codec-loss.png", Path(out) / "codec-loss.png")
+    return ckpt
+
+
+def make_codec_model(codec_ckpt: Path, dest: Path) -> Path:
+    """The shipped form of a codec checkpoint (fp16 DacModel) plus the codec's recipe.json."""
+    from recipes.voice.codec import save_codec_model
+
+    shutil.rmtree(dest, ignore_errors=True)
+    save_codec_model(codec_ckpt, dest)
+    shutil.copy(Path(codec_ckpt) / "recipe.json", Path(dest) / "recipe.json")
+    return Path(dest)
+
+
+def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_model: Path,
+           resume: Path | None = None, device: str | None = None, max_steps: int | None = None,
+           sets: list[str] | None = None) -> Path:
+    """Train the LM for ``minutes`` on the codes of ``codec_model`` (a directory, or a folder
+    holding its pack); a new run takes the data and codec settings from the codec's record and
+    the LM settings from ``recipe``. ``out`` receives lm.tar.partNN, lm.sha256, lm-loss.png."""
+    from recipes.voice import codes, data
+    from recipes.voice.lm import LMTrainer
+    from recipes.voice.plots import plot_lm
+
+    started = time.time()
+    work = Path(work)
+    codec_model = Path(codec_model)
+    if (codec_model / "codec-model.sha256").is_file():
+        codec_model = _unpack_into(codec_model, "codec-model", work / "codec-model")
+    ckpt = work / "lm"
+    if resume is not None:
+        _unpack_into(resume, "lm", ckpt)
+        recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
+    else:
+        shutil.rmtree(ckpt, ignore_errors=True)
+        codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
+        recipe = replace(recipe, data=codec_recipe.data, codec=codec_recipe.codec,
+                         codec_train=codec_recipe.codec_train).validate()
+    log = Log(ckpt / "log.txt")
+    device = device or default_device()
+    log(f"lm: {'resuming' if resume else 'new run'} on {device}, {minutes} min")
+    manifest = data.ensure(recipe.data, work / "data", log=log)
+    code_manifest = codes.ensure(codec_model, work / "data", work / "codes", device, manifest["sha256"], log=log)
+    codes_sha = code_manifest["splits"]["train"]["codes_sha256"]
+    trainer = LMTrainer(recipe, work / "codes", work, device, codes_sha, log=log)
+    log(f"lm: {trainer.parameters_count() / 1e6:.2f} M parameters, {len(trainer.train_set)} utterances")
+    if resume is not None:
+        trainer.resume(ckpt)
+    trainer.train(_deadline(started, minutes), max_steps=max_steps)
+    trainer.save(ckpt)
+    record = checkpoint.read_record(ckpt)
+    record["codec_sha256"] = code_manifest["codec_sha256"]
+    record["data_sha256"] = manifest["sha256"]
+    checkpoint.write_record(ckpt, record)
+    plot_lm(trainer.history, ckpt / "lm-loss.png", trainer.layout.K, f"speech LM ({recipe.scale}), step {trainer.step}")
+    log(f"lm: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all")
+    if out is not None:
+        checkpoint.pack(ckpt, out, "lm")
+        shutil.copy(ckpt / "lm-loss.png", Path(out) / "lm-loss.png")
+    return ckpt
+
+
+def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None) -> Path:
+    from recipes.voice.codes import file_sha256
+    from recipes.voice.export import export, sizes
+
+    record = checkpoint.read_record(lm) or {}
+    want = record.get("codec_sha256")
+    have = file_sha256(Path(codec_model) / "model.safetensors")
+    if want and want != have:
+        raise RuntimeError(f"{codec_model} is not the codec {lm} was trained on (sha256 {have[:16]} vs {want[:16]})")
+    path = export(lm, codec_model, dest, sampling)
+    info = sizes(path)
+    print(json.dumps(info, indent=2))
+    if out is not None:
+        checkpoint.pack(path, out, "model")
+    return path
+
+
+def collect(files: Path, root: Path = Path(".voice")) -> list[str]:
+    """File the packs of a device call (``files``: its files_at folder) under ``root``: parts
+    into ``root/NAME/`` (carry that folder to resume), unpacked into ``root/unpacked/NAME/``;
+    a codec also gives ``root/unpacked/codec-model`` and its pack ``root/codec-model/``."""
+    files, root = Path(files), Path(root)
+    names = checkpoint.find_packed(files)
+    for name in names:
+        carry = root / name
+        shutil.rmtree(carry, ignore_errors=True)
+        carry.mkdir(parents=True)
+        for f in [files / f"{name}.sha256", *sorted(files.glob(f"{name}.tar.part*"))]:
+            _copy(f, carry / f.name)
+        unpacked = root / "unpacked" / name
+        shutil.rmtree(unpacked, ignore_errors=True)
+        checkpoint.unpack(carry, name, unpacked)
+        print(f"{name}: parts in {carry}, unpacked in {unpacked}")
+        if name == "codec":
+            model = make_codec_model(unpacked, root / "unpacked" / "codec-model")
+            shutil.rmtree(root / "codec-model", ignore_errors=True)
+            checkpoint.pack(model, root / "codec-model", "codec-model")
+            print(f"codec-model: {model}, pack in {root / 'codec-model'}")
+    for png in files.glob("*.png"):
+        _copy(png, root / png.name)
+    return names
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Contents only: what a device call brings back is read-only, its copies need not be."""
+    dst.unlink(missing_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def resolve_recipe(scale: str, sets: list[str] | None) -> Recipe:
+    return apply_sets(preset(scale), sets or [])
+
+
+def main_stage(args) -> None:
+    """``python -m recipes.voice stage STAGE`` (what gpu.sh runs)."""
+    work, out = Path(args.work), Path(args.out) if args.out else None
+    recipe = resolve_recipe(args.scale, args.set)
+    carried = Path(args.carried)
+    if args.stage == "data":
+        run_data(recipe, work, out, log=Log(work / "data.log"))
+    elif args.stage == "codec":
+        run_codec(recipe, work, out, args.minutes, resume=carried / "codec" if args.resume else None,
+                  max_steps=args.max_steps, sets=args.set)
+    elif args.stage == "codes":
+        from recipes.voice import codes, data
+
+        codec_model = _unpack_into(carried / "codec-model", "codec-model", work / "codec-model")
+        codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
+        manifest = data.ensure(codec_recipe.data, work / "data", log=Log(work / "data.log"))
+        m = codes.ensure(codec_model, work / "data", work / "codes", default_device(), manifest["sha256"])
+        if out is not None:
+            (out / "codes-manifest.json").write_text(json.dumps(m, indent=2))
+    elif args.stage == "lm":
+        codec_model = carried / "codec-model"
+        if not (codec_model / "codec-model.sha256").is_file() and (work / "codec" / "state.pt").is_file():
+            # No carried codec: the one this machine just trained (a chained `codec && lm` call).
+            codec_model = make_codec_model(work / "codec", work / "codec-model")
+        run_lm(recipe, work, out, args.minutes, codec_model,
+               resume=carried / "lm" if args.resume else None, max_steps=args.max_steps, sets=args.set)
+    elif args.stage == "export":
+        codec_model = work / "codec-model"
+        if not (codec_model / "model.safetensors").is_file():
+            codec_model = _unpack_into(carried / "codec-model", "codec-model", codec_model)
+        lm = work / "lm"
+        if not (lm / "state.pt").is_file():
+            lm = _unpack_into(carried / "lm", "lm", lm)
+        run_export(lm, codec_model, work / "model", out)
+    else:
+        sys.exit(f"unknown stage {args.stage}")

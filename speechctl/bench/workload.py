@@ -1,0 +1,157 @@
+"""Latency under load: a workload driven by arrivals, as a server sees it.
+
+Requests arrive as a Poisson process at several rates, up to and past saturation, into one
+engine (``SpeechStreamer``: streamed and one-shot requests side by side). Each request's text has
+3-60 words and its audio a length that follows (``FRAMES_PER_WORD``: random weights would not
+end by themselves, and fixed lengths keep runs comparable); half stream, half are one-shot; the
+sampling varies (temperature, top-k 1-500, top-p), and where the family guides, a quarter use CFG
+at varied scales. Per rate: the sustained audio-s/s, p50 / p95 time to first audio (one-shot: its
+whole audio) and end-to-end latency, and the graph captures and torch.compile frames during the
+timed run (after warm-up both should be 0). Saturation is measured first: every request of a
+round submitted at once.
+
+    speechctl bench --workload --shape llama-1b --rates 0.3,0.5,0.7,0.9,1.2
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from speechctl.engine.params import Guidance, Sampling
+from speechctl.errors import EngineError
+from speechctl.jobs import TtsJob
+
+FRAMES_PER_WORD = 6  # ~0.24 s of speech per word at 25 frames/s
+WORDS = ("the quick brown fox jumps over a lazy dog while seven birds sing near old stone walls "
+         "and rivers run under bright cold skies far from any town").split()
+
+
+def workload(count: int, rng: np.random.Generator, frame_rate: float, cfg: bool) -> list[tuple[TtsJob, bool]]:
+    """``count`` (job, streamed) of the mix (module doc), deterministic for ``rng``."""
+    jobs = []
+    for i in range(count):
+        words = int(rng.integers(3, 61))
+        seconds = words * FRAMES_PER_WORD / frame_rate
+        sampling = Sampling(temperature=float(rng.uniform(0.5, 1.2)), top_k=int(rng.integers(1, 501)),
+                            top_p=float(rng.choice([1.0, 0.95, 0.9])))
+        guidance = Guidance(scale=float(rng.uniform(1.5, 4.0))) if cfg and rng.random() < 0.25 else Guidance()
+        text = " ".join(rng.choice(WORDS, words)) + "."
+        job = TtsJob(id=f"w{i}", text=text, audio_sampling=sampling, seed=i, max_seconds=seconds, guidance=guidance)
+        jobs.append((job, bool(rng.random() < 0.5)))
+    return jobs
+
+
+def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = 2) -> dict:
+    """Submit each job at its arrival time (seconds from now) and step the engine until all are
+    done; per job: arrival, first audio, last audio (times from the start), audio seconds."""
+    from speechctl.pipeline.streamer import SpeechStreamer
+
+    streamer = SpeechStreamer(speech, first_chunk=first_chunk)
+    start = time.perf_counter()
+    pending = sorted(zip(arrivals, range(len(jobs))))
+    seen = {job.id: {"arrival": t, "stream": stream} for t, (job, stream) in zip(arrivals, jobs)}
+    samples: dict[str, int] = {}
+    while pending or streamer.busy():
+        now = time.perf_counter() - start
+        while pending and pending[0][0] <= now:
+            _, i = pending.pop(0)
+            job, stream = jobs[i]
+            streamer.submit(job, stream=stream)
+        if not streamer.busy():
+            time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
+            continue
+        for chunk in streamer.step():
+            row, t = seen[chunk.id], time.perf_counter() - start
+            if chunk.error:
+                raise EngineError(f"workload request failed: {chunk.error}")
+            if len(chunk.audio) and "first" not in row:
+                row["first"] = t
+            samples[chunk.id] = samples.get(chunk.id, 0) + len(chunk.audio)
+            if chunk.last:
+                row["last"] = t
+    for job_id, row in seen.items():
+        row["audio_s"] = samples.get(job_id, 0) / speech.sample_rate
+    return seen
+
+
+def summarize(rows: dict) -> dict:
+    first = [r["first"] - r["arrival"] for r in rows.values()]
+    last = [r["last"] - r["arrival"] for r in rows.values()]
+    makespan = max(r["last"] for r in rows.values()) - min(r["arrival"] for r in rows.values())
+    audio = sum(r["audio_s"] for r in rows.values())
+    p = lambda xs, q: float(np.percentile(xs, q))
+    return {"requests": len(rows), "audio_s": round(audio, 2), "makespan_s": round(makespan, 3),
+            "audio_s_per_s": round(audio / makespan, 2),
+            "ttfa_p50_ms": round(1000 * p(first, 50), 1), "ttfa_p95_ms": round(1000 * p(first, 95), 1),
+            "e2e_p50_ms": round(1000 * p(last, 50), 1), "e2e_p95_ms": round(1000 * p(last, 95), 1)}
+
+
+def _compiles() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["frames"].values())
+
+
+def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 64, seed: int = 0, log=print) -> dict:
+    """``rates``: fractions of the saturated request rate. ``speech``: a loaded ``Speech``."""
+    from speechctl.bench.report import environment
+
+    cfg = speech.checkpoint.family.cfg is not None
+    rate = speech.codec.frame_rate
+    warm = workload(min(requests, 16), np.random.default_rng(seed + 1), rate, cfg)
+    drive(speech, warm, [0.0] * len(warm))  # warm-up: compiles, graphs, allocator
+    jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
+    mean_audio = float(np.mean([j.max_seconds for j, _ in jobs]))
+    captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
+    saturated = summarize(drive(speech, jobs, [0.0] * len(jobs)))
+    saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
+    log(f"saturation: {saturated['audio_s_per_s']} audio-s/s ({saturated_rate:.2f} requests/s)")
+    rows = []
+    for fraction in rates:
+        offered = fraction * saturated_rate
+        arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
+        row = {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
+        log(f"load {fraction:.2f}: {row['audio_s_per_s']} audio-s/s, TTFA p50/p95 {row['ttfa_p50_ms']}/{row['ttfa_p95_ms']} ms, "
+            f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms")
+        rows.append(row)
+    return {
+        "benchmark": "workload",
+        "model": {"family": speech.checkpoint.family.name, "path": str(speech.checkpoint.path)},
+        "codec_frame_rate": rate,
+        "requests_per_rate": requests,
+        "mix": {"streamed": 0.5, "cfg": 0.25 if cfg else 0.0, "words": [3, 60], "frames_per_word": FRAMES_PER_WORD,
+                "top_k": [1, 500], "top_p": [0.9, 0.95, 1.0], "temperature": [0.5, 1.2]},
+        "saturation": saturated,
+        "graph_captures_timed": speech.engine.stats()["graph_captures"] - captures,
+        "compiled_frames_timed": _compiles() - compiles,
+        "environment": environment(),
+        "results": rows,
+    }
+
+
+def plot_workload(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["results"]
+    load = [r["load"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(load, [r["audio_s_per_s"] for r in rows], "o-")
+    left.axhline(result["saturation"]["audio_s_per_s"], ls=":", c="k", label="saturated")
+    left.set(xlabel="offered load (fraction of saturation)", ylabel="sustained audio-s / s")
+    left.legend()
+    for key, style, label in (("ttfa_p50_ms", "o-", "TTFA p50"), ("ttfa_p95_ms", "s-", "TTFA p95"),
+                              ("e2e_p50_ms", "o--", "end-to-end p50"), ("e2e_p95_ms", "s--", "end-to-end p95")):
+        right.plot(load, [r[key] for r in rows], style, label=label)
+    right.axhline(250, ls=":", c="r", label="goal: TTFA p95 250 ms at 0.7")
+    right.set(xlabel="offered load (fraction of saturation)", ylabel="ms", yscale="log")
+    right.legend()
+    env = result["environment"]
+    fig.suptitle(f"{result['model']['family']} — {env.get('device', '')}, vLLM {env.get('vllm', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

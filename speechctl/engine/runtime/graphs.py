@@ -1,0 +1,124 @@
+"""How the per-step work around vLLM's forward runs fast on CUDA: CUDA graphs of its own and
+torch.compile.
+
+vLLM captures the backbone's forward in full CUDA graphs, but the work speechctl does each step
+outside it (gathering auxiliary inputs, the heads, delay rules, sampling, CFG merging) is a few
+hundred small kernels. Launched one by one from Python they bound the step by the host, not the
+GPU (docs/benchmarks/cfg.md). ``StepGraphs`` records such a function once per batch-size bucket
+(and per host-side setting that changes its code path) and replays it: one launch per step.
+
+Inputs are copied into static buffers of the bucket's size; rows past the live ones carry
+padding values chosen by the caller (the runtime's scratch slot, whose writes go nowhere). The
+recorded function may read and write any persistent device buffer (the runtime's slot table);
+it must not sync the host or branch on device values. Outputs are views into the graph's
+memory, valid until the next replay of any graph of the same ``StepGraphs``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from speechctl.accelerator import has_cuda
+from speechctl.errors import EngineError
+
+
+def compile_per_step_work() -> bool:
+    """torch.compile the per-step work: the runtime's input and sampling steps, CSM's depth
+    decoder. On by default on CUDA, where it fuses launch-bound chains of small kernels (H200:
+    CSM 1B 92 -> 102 frames/s at c=1; docs/benchmarks/throughput.md) for a longer start-up
+    (``SpeechEngine.warm_up`` compiles there; CSM 1B 114 s vs 32 s with inductor's on-disk cache
+    cold); off on the CPU, where compiling would dominate a short run. ``SPEECHCTL_COMPILE=0``
+    / ``1`` overrides."""
+    setting = os.environ.get("SPEECHCTL_COMPILE", "")
+    if setting not in ("", "0", "1"):
+        raise EngineError(f"SPEECHCTL_COMPILE={setting!r}: use 1 (compile the per-step work) or 0 (do not)")
+    return setting == "1" if setting else has_cuda()
+
+
+VARIANTS = 64  # compiled variants a per-step function may have (host facts x CSM's depth settings)
+
+
+def allow_variants() -> None:
+    """Let each compiled per-step function keep up to VARIANTS specializations: every host fact
+    it takes (CFG pairs live, Dia's filter, repetition, a depth decoder's sampling) is a guard,
+    and past torch's default of 8 a function silently falls back to eager (the "recompile
+    limit"), a stall and a slow path mid-run."""
+    import torch._dynamo.config as config
+
+    config.recompile_limit = max(config.recompile_limit, VARIANTS)
+
+
+def step_graphs_enabled(device: torch.device) -> bool:
+    """On CUDA unless SPEECHCTL_STEP_GRAPHS=0 (the eager path, for comparison and debugging)."""
+    return device.type == "cuda" and os.environ.get("SPEECHCTL_STEP_GRAPHS", "1") != "0"
+
+
+@dataclass
+class _Entry:
+    graph: torch.cuda.CUDAGraph
+    inputs: list[torch.Tensor]  # static, [bucket, ...]
+    outputs: tuple[torch.Tensor, ...]
+
+
+class StepGraphs:
+    """Lazily recorded CUDA graphs of one per-step function, keyed by (bucket, key).
+
+    ``sizes``: the buckets (batch sizes with a graph); a batch larger than the largest runs eagerly.
+    """
+
+    def __init__(self, sizes: Sequence[int], device: torch.device):
+        self.sizes = sorted(set(int(s) for s in sizes if s > 0))
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self._entries: dict[Hashable, _Entry] = {}
+        self.captured = 0
+
+    def bucket(self, rows: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, rows)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def run(
+        self,
+        fn: Callable[..., tuple[torch.Tensor, ...]],
+        key: Hashable,
+        rows: int,
+        inputs: Sequence[torch.Tensor],
+        pads: Sequence[float | int | None],
+    ) -> tuple[torch.Tensor, ...] | None:
+        """fn(*inputs padded to the bucket) -> outputs[:rows], or None when ``rows`` has no bucket
+        (the caller runs ``fn`` eagerly). ``pads[i]``: the value of padding rows of input i
+        (None: any finite leftover is fine, nothing is written)."""
+        size = self.bucket(rows)
+        if size is None:
+            return None
+        entry = self._entries.get((size, key))
+        fresh = entry is None
+        if fresh:
+            static = [torch.zeros((size,) + tuple(x.shape[1:]), dtype=x.dtype, device=self.device) for x in inputs]
+        else:
+            static = entry.inputs
+        for buf, x, pad in zip(static, inputs, pads):
+            buf[:rows].copy_(x, non_blocking=True)
+            if pad is not None and rows < size:
+                buf[rows:].fill_(pad)
+        if fresh:
+            # The eager run is this step's real work and warms up lazily initialised kernels;
+            # recording then executes nothing, it only captures the same calls.
+            result = fn(*static)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                outputs = fn(*static)
+            self._entries[(size, key)] = _Entry(graph, static, tuple(outputs))
+            self.captured += 1
+            return _rows(result, rows)
+        entry.graph.replay()
+        return _rows(entry.outputs, rows)
+
+
+def _rows(outputs, rows: int) -> tuple:
+    return tuple(None if r is None else r[:rows] for r in outputs)

@@ -1,0 +1,275 @@
+"""StreamRuntime: the per-step work of a multi-stream model, around vLLM's forward.
+
+A model owns one runtime (``StreamModel`` builds it). Each engine step is, in order::
+
+    admit    which request sits in which batch row (``StreamTracker``, before the forward)
+    inputs   the auxiliary tokens of every scheduled position -> embeddings (``embed_inputs``)
+    forward  vLLM's backbone, in its CUDA graphs
+    sample   heads -> auxiliary tokens under the rules, CFG merged, repeats redrawn (``sample``)
+    record   the tokens of rows whose sample is real, into the slot table
+
+Between ``inputs`` and ``sample`` the runtime holds ``rows``: which slot each row of the step is
+and where its last scheduled token lies (vLLM calls the two phases separately). No phase loops
+over requests in Python or syncs the device; Python runs only when requests join or leave.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from speechctl.engine.runtime.graphs import StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
+from speechctl.engine.runtime.guidance import find_pairs, guide, pair_primary
+from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
+from speechctl.engine.runtime.repetition import redraw_repeats
+from speechctl.engine.runtime.rules import FrameRules
+from speechctl.engine.runtime.sampling import frame_sampler, sample_streams
+from speechctl.engine.runtime.slots import Admitted, LiveSettings, Moved, SlotTable
+from speechctl.engine.streams import StreamSpec
+
+
+class ScheduledRows(NamedTuple):
+    """What the input phase learned about a step's rows, for the sampling phase."""
+
+    num_rows: int
+    slots: torch.Tensor  # [R] slot of each row
+    last_pos: torch.Tensor  # [R] position of each row's last scheduled token
+
+
+class StreamRuntime:
+    def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device):
+        self.spec = spec
+        self.pattern = spec.pattern
+        self.device = device
+        self.table = SlotTable(spec, max_rows=max_rows, max_len=max_len, device=device)
+        self.rules = FrameRules(spec, device)
+        self.capacity = self.table.capacity
+        self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built
+        self.rows: ScheduledRows | None = None
+        if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
+            allow_variants()
+            self._input_step = torch.compile(self._input_step, dynamic=True)
+            self._sample_step = torch.compile(self._sample_step, dynamic=True)
+        # CUDA graphs of the per-step work, set up once vLLM's batch sizes are known
+        # (``use_step_graphs``); separate pools: the input graph's output is still read by the
+        # forward when the logits graph runs.
+        self._graphs: tuple[StepGraphs | None, StepGraphs | None] = (None, None)
+        self._input_graphs, self._logits_graphs = self._graphs
+
+    # -- admit ---------------------------------------------------------------------------------
+
+    def admit(self, batch_size: int, removed: list[int], added: list[Admitted], moved: list[Moved]) -> None:
+        self.table.admit(batch_size, removed, added, moved)
+
+    def release(self, keys) -> None:
+        """Free the slots of finished or aborted requests (called by the driver)."""
+        self.table.release(keys)
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def embed_inputs(self, embed, input_ids: torch.Tensor, graphable: bool = True) -> torch.Tensor:
+        """``embed(input_ids, aux)`` for this step's scheduled tokens. A pure decode step (one
+        token per row) replays it with the input gathering as one CUDA graph; other steps
+        (prefill chunks, prompt audio: ``graphable=False``) run eagerly."""
+        n = input_ids.shape[0]
+        if graphable and self._input_graphs is not None and self.view is not None and self.view.num_reqs() == n:
+            slots, pos = self.table.row_slots[:n], self.view.positions(n)
+            out = self._graphed_embed(embed, input_ids, pos, slots)
+            if out is not None:
+                self.rows = ScheduledRows(n, slots, pos)
+                return out
+        return embed(input_ids, self.input_streams(input_ids))
+
+    def _graphed_embed(self, embed, input_ids, pos, slots):
+        """``embed`` of one token per row, replayed from the input graph of its bucket (None: no
+        bucket holds this many rows)."""
+        def step(ids, pos, slots):
+            return (embed(ids, inputs_at(self.table, self.spec, ids, pos, slots)),)
+
+        out = self._input_graphs.run(step, None, input_ids.shape[0], (input_ids, pos, slots), (0, 0, self.table.scratch))
+        return None if out is None else out[0]
+
+    @torch.profiler.record_function("speechctl.input_streams")
+    def input_streams(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[n] scheduled primary ids -> [n, K] auxiliary ids of the same positions
+        (``inputs.inputs_at``)."""
+        n = input_ids.shape[0]
+        if self.view is None:  # vLLM's profiling and warm-up runs, before the engine attached
+            self.rows = None
+            return torch.full((n, self.spec.num_codebooks), self.pattern.pad, dtype=torch.int64, device=input_ids.device)
+        R = self.view.num_reqs()
+        aux, last_pos = self._input_step(input_ids, self.view.query_start_loc(R), self.view.positions(n), R)
+        self.rows = ScheduledRows(R, self.table.row_slots[:R], last_pos)
+        return aux
+
+    def _input_step(self, input_ids, query_start_loc, pos, num_rows: int):
+        """The input work as one function of tensors (compiled on CUDA)."""
+        return scheduled_inputs(self.table, self.spec, input_ids, query_start_loc, pos, num_rows)
+
+    # -- sample and record ---------------------------------------------------------------------
+
+    @torch.profiler.record_function("speechctl.sample")
+    def sample(self, logits: torch.Tensor, aux_logits: torch.Tensor | None = None, *, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Sample the auxiliary streams and record them; return the primary logits with the
+        stream rules applied (vLLM samples from what this returns).
+
+        logits: [R, V] primary logits.
+        aux_logits: [R, K, Va] auxiliary logits, sampled here under the rules; or
+        tokens: [R, K] auxiliary tokens the model sampled itself, one codebook after another
+            (a depth decoder, CSM; see ``codebook_sampler``); recorded as they are.
+        """
+        rows, self.rows = self.rows, None
+        if rows is None:
+            return logits
+        if logits.shape[0] != rows.num_rows:
+            raise RuntimeError(f"speechctl: {logits.shape[0]} logit rows for {rows.num_rows} scheduled requests")
+        settings = self.table.settings
+        if tokens is not None and settings.paired:
+            raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
+        return self._sample_step(logits, aux_logits, tokens, rows.slots, rows.last_pos, settings.paired > 0,
+                                 settings.cfg_filter > 0, settings.text_random > 0, settings.repetition > 0,
+                                 **settings.sampling_flags())
+
+    def _sample_step(self, logits, aux_logits, given, slots, last_pos, paired, cfg_filter, text_random, repetition, **flags):
+        """The sampling work as one function of tensors, host facts as arguments (``paired``, ...,
+        the ``LiveSettings.sampling_flags``), so that on CUDA it compiles into a few fused kernels."""
+        table, rules = self.table, self.rules
+        step = rules.locate(table, slots, last_pos)
+        forced = rules.forced(step, table.max_frames[slots])
+        pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
+        if given is None:
+            aux_logits = aux_logits.float()
+            raw = aux_logits.clone() if repetition else None  # RAS redraws from the model's own logits
+            if pairing is not None:
+                logits, aux_logits = guide(table, pairing, slots, logits, aux_logits, cfg_filter)
+            aux_logits = rules.restrict(aux_logits, step, table.min_frames[slots])
+            tokens = sample_streams(aux_logits, *table.audio.at(slots), table.seed[slots], step.g_next, **flags)
+            if repetition:
+                tokens = redraw_repeats(table, slots, step.g_next, tokens, raw, self.pattern.codebook_size)
+            if pairing is not None:
+                tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
+        else:
+            tokens = given.to(torch.int64)
+        tokens = torch.where(forced >= 0, forced, tokens)
+        frames = rules.frames_after(step, tokens)
+        self._record(slots, step.g_next, step.real, tokens, frames)
+        logits = rules.primary_logits(step, logits, tokens, frames, table.allow_audio[slots])
+        if pairing is not None:
+            logits = pair_primary(table, pairing, slots, step.g_next, logits, text_random)
+        return logits
+
+    def _record(self, slots, g_next, real, tokens, frames) -> None:
+        """Write the tokens [R, K] and the audio's frame count of the rows whose sample is real,
+        and the step's record for the host (readback.py)."""
+        table = self.table
+        w_slot = torch.where(real, slots, table.scratch)
+        table.gen_aux[w_slot, g_next.clamp(0, table.max_len)] = tokens.to(torch.int32)
+        table.n_gen.index_put_((w_slot,), g_next + 1)
+        table.frames.index_put_((w_slot,), frames)
+        K, R = tokens.shape[1], tokens.shape[0]
+        record = table.readback.record
+        record[:R, :K] = tokens
+        record[:R, K] = slots
+        record[:R, K + 1] = g_next
+        record[:R, K + 2] = real.to(torch.int64) | (table.desync[slots] << 1)
+        record[:R, K + 3] = table.epoch[slots]
+
+    def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
+        """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens (see
+        ``codebook_sampler``)."""
+        return self.codebook_sampler(depth, range(stream, stream + 1))(logits, stream)
+
+    def codebook_sampler(self, depth: bool = False, streams: range | None = None):
+        """``sample(logits [R, V], stream) -> [R]`` for this step's rows and codebooks
+        ``streams``, for a model whose codebooks depend on each other within a step (CSM's depth
+        decoder): each row's audio sampling settings (``depth``: its depth-decoder settings) and
+        seed; the draw is keyed by (seed, generated index, stream), so it does not depend on the
+        batch either. The rows' settings are gathered once here, not once per codebook."""
+        rows = self.rows
+        if rows is None:  # profiling and warm-up runs
+            return lambda logits, stream: logits.argmax(dim=-1)
+        table = self.table
+        g_next = rows.last_pos + 1 - table.prompt_len[rows.slots]
+        temperature, top_k, top_p = (table.depth if depth else table.audio).at(rows.slots)
+        return frame_sampler(temperature, top_k, top_p, table.seed[rows.slots], g_next,
+                             streams or range(self.spec.num_codebooks), **table.settings.sampling_flags(depth))
+
+    # -- per-step graphs -----------------------------------------------------------------------
+
+    def graphed_logits(self, heads, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The body of a model's ``compute_logits``: ``heads(hidden_states)`` runs the output
+        heads and ``sample`` (and, for CSM, the depth decoder). On CUDA it is replayed as one
+        graph per batch-size bucket and per host-side sampling setting."""
+        rows, graphs = self.rows, self._logits_graphs
+        if rows is None:  # vLLM's profiling and warm-up runs
+            return heads(hidden_states)
+        out = None
+        if graphs is not None:
+
+            def run(hidden, slots, last_pos):
+                self.rows = ScheduledRows(slots.shape[0], slots, last_pos)
+                return (heads(hidden),)
+
+            inputs = (hidden_states, rows.slots, rows.last_pos)
+            out = graphs.run(run, self.table.settings.graph_key(), rows.num_rows, inputs, (None, self.table.scratch, 0))
+        if out is None:  # no graphs, or more rows than the largest bucket
+            self.rows = rows
+            logits = heads(hidden_states)
+        else:
+            self.rows, logits = None, out[0]
+        self.table.readback.after_step(rows.num_rows)  # the step's tokens on their way to the host
+        return logits
+
+    def use_step_graphs(self, sizes) -> None:
+        """Replay the per-step work as CUDA graphs for batches of up to max(sizes) rows."""
+        if step_graphs_enabled(self.device) and sizes:
+            self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
+            self._input_graphs, self._logits_graphs = self._graphs
+
+    def record_step_graphs(self, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool, repetition: bool) -> int:
+        """Record every bucket's graphs now, at start-up, rather than when a step first needs one:
+        the input graph, and the logits graph for each host-side variant a workload of this model
+        can meet (CFG pairs live or not where ``guidance``; repetition-aware sampling where
+        ``repetition``; the audio sampling is one general path on CUDA). Dummy rows sit in the
+        scratch slot, whose writes go nowhere. Returns the graphs recorded."""
+        if self._logits_graphs is None:
+            return 0
+        before = self.stats()["graph_captures"]
+        table, scratch = self.table, self.table.scratch
+        live = table.settings
+        for size in self._logits_graphs.sizes:
+            slots = torch.full((size,), scratch, dtype=torch.int64, device=self.device)
+            zeros = torch.zeros(size, dtype=torch.int64, device=self.device)
+            self._graphed_embed(embed, zeros, zeros, slots)
+            hidden = torch.zeros(size, hidden_size, dtype=dtype, device=self.device)
+            for paired in (False, True) if guidance else (False,):
+                for ras in (False, True) if repetition else (False,):
+                    table.settings = LiveSettings(general_audio=live.general_audio)
+                    table.settings.paired, table.settings.repetition = int(paired), int(ras)
+                    self.rows = ScheduledRows(size, slots, zeros)
+                    try:
+                        self.graphed_logits(heads, hidden)
+                    finally:
+                        table.settings, self.rows = live, None
+        return self.stats()["graph_captures"] - before
+
+    def set_step_graphs(self, enabled: bool) -> bool:
+        """Switch the per-step graphs off (eager, for comparison) or back on; returns whether
+        they are on."""
+        self._input_graphs, self._logits_graphs = self._graphs if enabled else (None, None)
+        return self._logits_graphs is not None
+
+    # -- driver access -------------------------------------------------------------------------
+
+    def collect(self, spans: list[tuple[str, int, int]]) -> list[tuple[np.ndarray, int]]:
+        return self.table.collect(spans)
+
+    def state_digest(self) -> str:
+        return self.table.digest()
+
+    def stats(self) -> dict[str, int]:
+        captures = sum(g.captured for g in self._graphs if g is not None)
+        return {"live": len(self.table.slots), "resumed": self.table.resumed, "paired": self.table.settings.paired,
+                "graph_captures": captures}

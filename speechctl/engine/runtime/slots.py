@@ -1,0 +1,300 @@
+"""The per-request decode state, on the model's device: one slot per live request.
+
+vLLM knows only the primary token of each position. The slot table keeps, for every request in
+the engine (running or preempted), the auxiliary tokens it generated and the settings its
+per-step work needs, keyed by (slot, generated index) rather than by batch row: rows move,
+requests are preempted and recomputed, prompts are prefilled in chunks, and the state must
+survive all of it. Slot ``scratch`` (the last) belongs to no request: rows without a real sample
+write there, so the per-step work never branches on the host.
+
+Python runs here only when requests join or leave the batch (``admit``, ``release``), never per
+step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from speechctl.engine.params import Sampling, StreamParams
+from speechctl.engine.runtime.readback import Readback
+from speechctl.engine.streams import StreamSpec
+
+NEVER = 1 << 40  # "no such step yet" for step-valued state
+HISTORY = 32  # prompt audio steps kept per slot: the longest repetition window
+
+
+def slot_capacity(max_num_seqs: int) -> int:
+    """Requests that may be alive in the engine at once (running or preempted)."""
+    return 2 * max_num_seqs + 8
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request vLLM placed in a batch row: its row, its settings and its prompt's length."""
+
+    row: int
+    params: StreamParams
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class Moved:
+    """vLLM moved the request in row ``src`` to row ``dst`` (``swap``: and the other one back)."""
+
+    src: int
+    dst: int
+    swap: bool
+
+
+class SamplingColumns:
+    """One stream group's sampling settings (audio, text, or a depth decoder's codebooks) for
+    every slot: temperature 0 = greedy, top-k 0 and top-p 1 = off."""
+
+    def __init__(self, n: int, device: torch.device, temperature: float):
+        self.temperature = torch.full((n,), temperature, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(n, dtype=torch.int64, device=device)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=device)
+
+    def at(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[R] slots -> the rows' (temperature, top_k, top_p)."""
+        return self.temperature[slots], self.top_k[slots], self.top_p[slots]
+
+    def columns(self, samplings: list[Sampling]) -> list[tuple[torch.Tensor, list]]:
+        return [(self.temperature, [s.temperature for s in samplings]), (self.top_k, [s.top_k for s in samplings]),
+                (self.top_p, [s.top_p for s in samplings])]
+
+
+# Sampling flags under which ``sample_streams`` handles every row's settings (greedy or not, any
+# top-k, any top-p): the same tokens as the specialized paths (noise is keyed by token id).
+GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+
+
+class LiveSettings:
+    """Host-side counts over the live requests' settings. They let the per-step work skip what no
+    row needs (``sampling_flags``) and they key its graphs (``graph_key``); updated on admission
+    and release only.
+
+    With ``general_audio`` (on CUDA) the audio codebooks always take the general path: one
+    compiled function and one graph per batch size whatever the requests' sampling, so a workload
+    of varied settings records nothing after start-up (a full sort of one codebook's ~1k tokens
+    per row costs little beside the forward). A depth decoder's codebooks (CSM: 31 sampled one
+    after another) keep the specialized paths."""
+
+    def __init__(self, general_audio: bool = False):
+        self.general_audio = general_audio
+        self.live = 0
+        self.random = {False: 0, True: 0}  # rows sampling at temperature > 0: audio, depth
+        self.top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}  # of rows that filter
+        self.top_ps = {False: 0, True: 0}  # rows with top_p < 1
+        self.paired = 0  # members of CFG pairs
+        self.repetition = 0  # rows with repetition-aware sampling
+        self.cfg_filter = 0  # pair members using Dia's CFG top-k filter
+        self.text_random = 0  # pair members sampling text at temperature > 0
+
+    def count(self, params: StreamParams, sign: int) -> None:
+        self.live += sign
+        for deep, sampling in ((False, params.audio), (True, params.depth or params.audio)):
+            self.random[deep] += sign * (sampling.temperature > 0)
+            if sampling.filters:
+                self.top_ks[deep][sampling.top_k] += sign
+            self.top_ps[deep] += sign * (sampling.top_p < 1)
+        self.repetition += sign * (params.repetition is not None)
+        if params.partner is not None:
+            self.paired += sign
+            self.cfg_filter += sign * (params.guidance.top_k > 0)
+            self.text_random += sign * (params.text.temperature > 0)
+
+    def sampling_flags(self, depth: bool = False) -> dict:
+        """For ``sample_streams``: whether some / every live row samples at temperature > 0,
+        whether some filters, the largest top-k among those (0 if one filters by top-p alone:
+        then candidates need a full sort), whether some filters by top-p."""
+        if self.general_audio and not depth:
+            return dict(GENERAL_SAMPLING)
+        random = self.random[depth]
+        ks = [k for k, n in self.top_ks[depth].items() if n > 0]
+        return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
+                "max_top_k": 0 if not ks or 0 in ks else max(ks), "any_top_p": self.top_ps[depth] > 0}
+
+    def graph_key(self) -> tuple:
+        """Every host-side fact that changes which kernels the per-step work runs."""
+        return (*self.sampling_flags().values(), self.paired > 0, self.cfg_filter > 0, self.text_random > 0,
+                self.repetition > 0, *self.sampling_flags(depth=True).values())
+
+
+class SlotTable:
+    """Device columns indexed by slot, and which slot each batch row holds."""
+
+    def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device):
+        self.device = device
+        self.capacity = slot_capacity(max_rows)
+        self.max_len = max_len
+        self.scratch = self.capacity
+        n = self.capacity + 1
+
+        def full(value, dtype=torch.int64):
+            return torch.full((n,), value, dtype=dtype, device=device)
+
+        self.prompt_len = full(0)
+        self.audio_start = full(NEVER)  # generated index of the first audio step
+        self.frames = full(-1)  # frames of the current audio once the lead stream ended it
+        self.n_gen = full(0)  # generated tokens whose auxiliary tokens are recorded
+        self.max_frames = full(NEVER)
+        self.min_frames = full(1)
+        self.allow_audio = full(False, torch.bool)
+        self.seed = full(0)
+        self.audio = SamplingColumns(n, device, 1.0)
+        self.depth = SamplingColumns(n, device, 1.0)  # a depth decoder's codebooks (CSM)
+        self.text = SamplingColumns(n, device, 0.0)  # sampled here for CFG pairs only
+        # Classifier-free guidance: the partner slot (scratch = none) and the merge settings.
+        self.partner = full(self.scratch)
+        self.conditional = full(True, torch.bool)
+        self.cfg_scale = full(1.0, torch.float32)
+        self.cfg_text = full(False, torch.bool)
+        self.cfg_audio = full(False, torch.bool)
+        self.cfg_top_k = full(0)
+        self.desync = full(0)  # 1 once a paired row had no partner at its position
+        self.epoch = full(0)  # which claim of the slot this is (readback.py)
+        self.ras_window = full(0)  # repetition-aware sampling: window (0 = off) and limit
+        self.ras_max = full(0)
+        K, pad = spec.num_codebooks, spec.pattern.pad
+        self.history = torch.full((n, HISTORY, K), pad, dtype=torch.int32, device=device)  # prompt audio's last steps
+        # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
+        self.gen_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
+        self._pad = pad
+        self.readback = Readback(slots=n, max_rows=max_rows, max_len=max_len, num_codebooks=K, pad=pad, device=device)
+        self._claims = 0
+
+        self.row_slots_host = np.full(max_rows, self.scratch, dtype=np.int64)
+        self.row_slots = torch.full((max_rows,), self.scratch, dtype=torch.int64, device=device)
+        self.slots: dict[str, int] = {}  # request key -> slot
+        self._params: dict[int, StreamParams] = {}
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self.settings = LiveSettings(general_audio=device.type == "cuda")
+        self.resumed = 0  # requests that came back after preemption (kept their slot)
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def admit(self, batch_size: int, removed: list[int], added: list[Admitted], moved: list[Moved]) -> None:
+        """Apply a batch update: rows freed, requests placed (a new one claims a slot; one resumed
+        after preemption keeps its slot and state), rows moved."""
+        rows = self.row_slots_host
+        for row in removed:
+            rows[row] = self.scratch
+        claimed = []
+        for a in added:
+            slot = self.slots.get(a.params.key)
+            if slot is None:
+                slot = self._claim(a.params)
+                claimed.append((slot, a))
+            else:
+                self.resumed += 1
+            rows[a.row] = slot
+        for m in moved:
+            if m.swap:
+                rows[m.src], rows[m.dst] = rows[m.dst], rows[m.src]
+            else:
+                rows[m.dst], rows[m.src] = rows[m.src], self.scratch
+        self.row_slots[:batch_size].copy_(self._staged(rows[:batch_size]), non_blocking=True)
+        if claimed:
+            self._initialise(claimed)
+            self._link_partners([a.params for _, a in claimed if a.params.partner is not None])
+
+    def _claim(self, params: StreamParams) -> int:
+        if not self._free:
+            raise RuntimeError(f"speechctl: more than {self.capacity} live requests; the engine must admit fewer")
+        slot = self._free.pop()
+        self.slots[params.key] = slot
+        self._params[slot] = params
+        self.settings.count(params, +1)
+        return slot
+
+    def release(self, keys) -> None:
+        """Free the slots of finished or aborted requests."""
+        for key in keys:
+            slot = self.slots.pop(key, None)
+            if slot is not None:
+                self.settings.count(self._params.pop(slot), -1)
+                self._free.append(slot)
+
+    def _link_partners(self, members: list[StreamParams]) -> None:
+        """Point both members of a CFG pair at each other once both hold slots."""
+        pairs = [(self.slots[p.key], self.slots[p.partner]) for p in members if p.partner in self.slots]
+        if pairs:
+            a, b = self._to_device(np.array(pairs, dtype=np.int64).T.copy())
+            self.partner.index_copy_(0, a, b)
+            self.partner.index_copy_(0, b, a)
+
+    def _initialise(self, claimed: list[tuple[int, Admitted]]) -> None:
+        """Write the claimed slots' columns: one host-to-device copy per dtype."""
+        ps = [a.params for _, a in claimed]
+        epochs = list(range(self._claims + 1, self._claims + 1 + len(ps)))
+        self._claims += len(ps)
+        self.readback.claimed([slot for slot, _ in claimed], epochs)
+        columns = [
+            (self.prompt_len, [a.prompt_len for _, a in claimed]),
+            (self.audio_start, [0 if p.starts_in_audio else NEVER for p in ps]),
+            (self.frames, [-1] * len(ps)),
+            (self.n_gen, [0] * len(ps)),
+            (self.max_frames, [p.max_frames for p in ps]),
+            (self.min_frames, [p.min_frames for p in ps]),
+            (self.seed, [p.seed & 0x7FFFFFFFFFFFFFFF for p in ps]),
+            (self.partner, [self.scratch] * len(ps)),
+            (self.cfg_top_k, [p.guidance.top_k for p in ps]),
+            (self.desync, [0] * len(ps)),
+            (self.epoch, epochs),
+            (self.ras_window, [p.repetition[0] if p.repetition else 0 for p in ps]),
+            (self.ras_max, [p.repetition[1] if p.repetition else 0 for p in ps]),
+            (self.cfg_scale, [p.guidance.scale for p in ps]),
+            (self.allow_audio, [p.allow_audio for p in ps]),
+            (self.conditional, [p.conditional for p in ps]),
+            (self.cfg_text, [p.guidance.streams in ("text", "both") for p in ps]),
+            (self.cfg_audio, [p.guidance.streams in ("audio", "both") for p in ps]),
+            *self.audio.columns([p.audio for p in ps]),
+            *self.depth.columns([p.depth or p.audio for p in ps]),
+            *self.text.columns([p.text for p in ps]),
+        ]
+        idx = self._to_device(np.array([slot for slot, _ in claimed], dtype=np.int64))
+        for dtype in (torch.int64, torch.float32, torch.bool):
+            fields = [(buf, values) for buf, values in columns if buf.dtype == dtype]
+            rows = self._to_device(torch.tensor([v for _, v in fields], dtype=dtype))  # [fields, claimed]
+            for (buf, _), row in zip(fields, rows):
+                buf.index_copy_(0, idx, row)
+        if any(p.repetition for p in ps):  # the prompt audio's last steps, right-aligned
+            history = np.full((len(ps), HISTORY, self.history.shape[2]), self._pad, dtype=np.int32)
+            for i, p in enumerate(ps):
+                if p.history:
+                    steps = np.asarray(p.history, dtype=np.int32)[-HISTORY:]
+                    history[i, HISTORY - len(steps):] = steps
+            self.history.index_copy_(0, idx, self._to_device(history))
+
+    def _to_device(self, host) -> torch.Tensor:
+        """A host array as a tensor on the table's device (see ``_staged``)."""
+        return self._staged(host).to(self.device, non_blocking=True)
+
+    def _staged(self, host) -> torch.Tensor:
+        """A host array as a tensor to copy to the device without waiting for it: a copy from
+        pageable memory makes CUDA drain the stream first, which would stall the asynchronously
+        scheduled step; from pinned memory it is queued like a kernel (the pinned block stays
+        reserved until the copy has run, so later host writes cannot reach it)."""
+        t = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    # -- reading it back -----------------------------------------------------------------------
+
+    def collect(self, spans: list[tuple[str, int, int]]) -> list[tuple[np.ndarray, int]]:
+        """[(key, start, end)] -> (the [end - start, K] auxiliary tokens of generated positions
+        start..end-1, desync flag) of each request, read from the host's mirror (readback.py)."""
+        return self.readback.collect([(self.slots[k], start, end) for k, start, end in spans]) if spans else []
+
+    def digest(self) -> str:
+        """A hash of the whole state (every slot, stale ones included): equal on every
+        tensor-parallel rank when the ranks sampled and recorded the same tokens."""
+        digest = hashlib.sha256()
+        for tensor in (self.gen_aux, self.n_gen, self.frames, self.audio_start, self.desync):
+            digest.update(tensor.cpu().numpy().tobytes())
+        return digest.hexdigest()

@@ -1,0 +1,232 @@
+"""The Family interface: everything the engine, the API, the catalog and the CLI need to know about
+a model architecture, and ``Checkpoint``, a family bound to one checkpoint directory.
+
+    checkpoint = open_checkpoint("path/to/ckpt")      # speechctl.models.families
+    checkpoint.spec                 # the stream layout (StreamSpec)
+    checkpoint.prompt_builder(tok)  # its prompt format: tts / asr / reading audio back
+    checkpoint.model_class          # the vLLM model, "module:Class"
+    checkpoint.weights              # the weight files that count (transformers' rule), and those ignored
+    checkpoint.engine_dir           # the directory vLLM reads (a view without ignored weights)
+    checkpoint.codec                # where its codec lives, and how it was found
+    checkpoint.context_limit        # positions the model takes
+    checkpoint.defaults             # its generation defaults (generation_config.json)
+    checkpoint.guidance(g)          # a user's CFG request in the family's convention
+
+A family is one subclass instance per architecture (``models/<family>/family.py``); this module
+and those import neither torch nor vLLM, so ``speechctl models`` and the CLI stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, Guidance, Sampling
+from speechctl.engine.streams import StreamSpec
+from speechctl.errors import InputError, ModelError
+from speechctl.models.weights import WeightFiles, engine_view, select_weights
+
+DEFAULT_MAX_SECONDS = 20.0
+
+# transformers' values where generation_config.json leaves a field out
+# (``GenerationConfig._get_default_generation_params``; tests/test_checkpoints.py checks them)
+TRANSFORMERS_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+class Repetition(NamedTuple):
+    """Higgs' repetition-aware sampling: a sampled code that already appears ``max_repeat``
+    times among the codebook's last ``window`` steps is drawn again from the raw distribution."""
+
+    window: int
+    max_repeat: int
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What a request of this checkpoint uses where the caller sets nothing."""
+
+    text: Sampling = DEFAULT_TEXT
+    audio: Sampling = DEFAULT_AUDIO
+    depth: Sampling | None = None  # a depth decoder's codebooks; None: as ``audio``
+    max_frames: int | None = None  # None: DEFAULT_MAX_SECONDS of audio
+    repetition: Repetition | None = None
+    source: str = "speechctl's defaults"
+
+
+@dataclass(frozen=True)
+class CodecLocation:
+    path: Path
+    found: str  # how: "codec/ in the checkpoint", "hub id ... in processor_config.json", ...
+
+
+@dataclass(frozen=True)
+class CfgConvention:
+    """How a family's reference defines classifier-free guidance, in speechctl's terms: the
+    runtime merges ``l_u + s·(l_c − l_u)``; a reference that writes ``l_c + g·(l_c − l_u)`` (Dia)
+    has ``scale_offset`` 1 (s = g + 1)."""
+
+    scale_offset: float = 0.0
+
+
+def read_generation_config(path: Path) -> dict | None:
+    """generation_config.json as a dict; None if there is none."""
+    file = Path(path) / "generation_config.json"
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{file}: unreadable ({e})") from None
+
+
+def sampling_from(values: Mapping[str, Any]) -> Sampling:
+    """The ``Sampling`` that generation_config fields (``do_sample``, ``temperature``, ``top_k``,
+    ``top_p``; transformers' defaults where absent) describe: greedy unless it samples."""
+    values = {**TRANSFORMERS_DEFAULTS, **{k: v for k, v in values.items() if v is not None}}
+    if not values["do_sample"]:
+        return Sampling(temperature=0.0)
+    return Sampling(temperature=float(values["temperature"]), top_k=int(values["top_k"] or 0), top_p=float(values["top_p"]))
+
+
+class Family:
+    """One architecture. Subclasses set the class attributes and override what differs."""
+
+    name: str  # short id ("multistream", "higgs_audio_v2", "csm")
+    title: str  # for messages ("Higgs Audio v2")
+    description: str
+    architecture: str  # config.json's "architectures" entry
+    model_class: str  # the vLLM model, "module:Class" (registered lazily by string)
+    prompts: str  # the prompt builder, "module:Class": Class(spec, tokenizer)
+    cfg: CfgConvention | None = None  # None: the reference generates without guidance
+    # what runs its requests, "module:Class"(checkpoint, config): one vLLM engine, or a family's
+    # stages around one (AR+NAR: models/valle/two_stage.py)
+    engine_class = "speechctl.engine.engine:SpeechEngine"
+
+    def spec(self, config: Mapping[str, Any]) -> StreamSpec:
+        raise NotImplementedError
+
+    def weights(self, path: Path, config: Mapping[str, Any]) -> WeightFiles:
+        return select_weights(path, dict(config))
+
+    def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
+        """Where the checkpoint's codec lives (``path``: the directory the engine reads)."""
+        return CodecLocation(path / "codec", "codec/ in the checkpoint")
+
+    def hf_overrides(self, config: Mapping[str, Any]) -> dict:
+        """config.json fields vLLM must see differently (``EngineArgs.hf_overrides``)."""
+        return {}
+
+    def context_limit(self, config: Mapping[str, Any]) -> int:
+        """Positions the model takes (config.json's ``max_position_embeddings``)."""
+        return int(config.get("max_position_embeddings") or 1 << 20)
+
+    def defaults(self, generation: dict | None) -> GenerationDefaults:
+        """The generation defaults of a checkpoint whose generation_config.json is ``generation``
+        (None: it has none, and speechctl's defaults apply)."""
+        if generation is None:
+            return GenerationDefaults()
+        return GenerationDefaults(audio=sampling_from(generation), source="generation_config.json")
+
+    def prompt_builder(self, spec: StreamSpec, tokenizer):
+        module, name = self.prompts.split(":")
+        return getattr(importlib.import_module(module), name)(spec, tokenizer)
+
+    def engine(self, checkpoint: Checkpoint, config=None):
+        """The engine that runs this family's requests (``speechctl.api.Speech`` asks): one vLLM
+        engine, or a family's own stages around it (``engine_class``)."""
+        module, name = self.engine_class.split(":")
+        return getattr(importlib.import_module(module), name)(checkpoint, config)
+
+    def describe(self, config: Mapping[str, Any]) -> dict[str, str]:
+        """What ``speechctl models DIR`` adds for this family (its stages, where they run)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A family bound to a checkpoint directory: what speechctl reads from it."""
+
+    path: Path
+    config: Mapping[str, Any] = field(repr=False)
+    family: Family
+    name: str | None = None  # what the user called it (a hub id, a built-in name), if not the path
+
+    @cached_property
+    def spec(self) -> StreamSpec:
+        try:
+            return self.family.spec(self.config)
+        except ValueError as e:
+            raise ModelError(f"{self.path}: {e}") from None
+
+    @property
+    def architecture(self) -> str:
+        return self.family.architecture
+
+    @property
+    def model_class(self) -> str:
+        return self.family.model_class
+
+    @cached_property
+    def weights(self) -> WeightFiles:
+        return self.family.weights(self.path, self.config)
+
+    @cached_property
+    def engine_dir(self) -> Path:
+        """The directory vLLM reads: the checkpoint itself, or a view of it without the weight
+        files that do not count (``models/weights.py``)."""
+        from speechctl.models.cache import cache_dir
+
+        return engine_view(self.path, self.weights, cache_dir() / "views")
+
+    @cached_property
+    def codec(self) -> CodecLocation:
+        return self.family.codec(self.engine_dir, self.config)
+
+    @property
+    def codec_dir(self) -> Path:
+        return self.codec.path
+
+    @property
+    def hf_overrides(self) -> dict:
+        return self.family.hf_overrides(self.config)
+
+    @property
+    def dtype(self) -> str | None:
+        """The weights' dtype as config.json records it."""
+        return self.config.get("dtype") or self.config.get("torch_dtype")
+
+    @cached_property
+    def context_limit(self) -> int:
+        return self.family.context_limit(self.config)
+
+    @cached_property
+    def defaults(self) -> GenerationDefaults:
+        return self.family.defaults(read_generation_config(self.path))
+
+    def prompt_builder(self, tokenizer):
+        return self.family.prompt_builder(self.spec, tokenizer)
+
+    def guidance(self, requested: Guidance) -> Guidance:
+        """A caller's guidance (its ``scale`` in the family's own convention, e.g. ``--cfg 3``)
+        as the runtime merges it; off stays off."""
+        if not requested.enabled:
+            return requested
+        if self.family.cfg is None:
+            raise InputError(f"{self.family.title} has no classifier-free guidance (its reference generates without it)")
+        return replace(requested, scale=requested.scale + self.family.cfg.scale_offset)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json of a checkpoint directory; ModelError naming the file if it is not one."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise ModelError(f"{path}: not a model directory (no config.json)")
+    try:
+        return json.loads(config_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{config_file}: unreadable config ({e})") from None

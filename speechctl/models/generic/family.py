@@ -1,0 +1,31 @@
+"""speechctl's own layout (``SpeechctlMultiStreamLM``, the embedded ``tiny``): the stream layout,
+control tokens and codec directory are written in a ``speechctl`` section of config.json."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from speechctl.engine.streams import StreamSpec
+from speechctl.models.family import CfgConvention, CodecLocation, Family
+
+
+class MultiStream(Family):
+    name = "multistream"
+    title = "the multi-stream model"
+    description = "generic multi-stream LM (speechctl's own layout; `tiny`)"
+    architecture = "SpeechctlMultiStreamLM"
+    model_class = "speechctl.models.generic.model:MultiStreamForCausalLM"
+    prompts = "speechctl.models.generic.prompts:MultiStreamPrompts"
+    cfg = CfgConvention()  # l_u + s·(l_c − l_u), as the paper's families
+
+    def spec(self, config: Mapping[str, Any]) -> StreamSpec:
+        return StreamSpec.from_dict(config.get("speechctl") or {})
+
+    def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
+        sub = (config.get("speechctl") or {}).get("codec", "codec")
+        return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
+
+
+FAMILY = MultiStream()

@@ -1,0 +1,71 @@
+"""Higgs Audio v2's DualFFN at the cost of one MLP, on CUDA.
+
+A DualFFN layer has two MLPs, the text one (``mlp``) and the audio one (``audio_mlp``); a token
+needs one of them. Computing both and picking with ``where`` (static shapes, CUDA graphs) does
+twice the MLP work, and every decode position is audio. Here the two are the two experts of a
+top-1 mixture routed by the audio mask: vLLM's fused MoE kernel (``vllm_compat.grouped_mlp``)
+runs each token through its own expert only, reads only the weights of experts that have tokens
+(a decode step reads the audio MLP's alone), and stays inside vLLM's full CUDA graphs (its
+routing is data, not control flow) for any mix of text and audio tokens, prefill included.
+
+The weights live stacked, ``w13`` [2, 2I/tp, H] (gate; up) and ``w2`` [2, H, I/tp], expert 0 the
+text MLP and 1 the audio MLP, loaded from the checkpoint's ``mlp.*`` / ``audio_mlp.*`` names
+(``load``) with tensor parallelism's column/row split; the output is all-reduced across ranks
+as ``RowParallelLinear`` would. On the CPU the layer keeps vLLM's two ``LlamaMLP``s and
+``where`` (vLLM-CPU's GEMMs, exactly the numbers the parity tests compare).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from speechctl.engine import vllm_compat
+
+# checkpoint name tail -> (expert, which part)
+_PARTS = {"mlp.gate_proj": (0, "gate"), "mlp.up_proj": (0, "up"), "mlp.down_proj": (0, "down"),
+          "audio_mlp.gate_proj": (1, "gate"), "audio_mlp.up_proj": (1, "up"), "audio_mlp.down_proj": (1, "down")}
+_NAME = re.compile(r"(.*\.layers\.\d+)\.((?:audio_)?mlp\.(?:gate|up|down)_proj)\.weight$")
+
+
+class DualMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, tp_rank: int, tp_size: int):
+        super().__init__()
+        if intermediate_size % tp_size:
+            raise ValueError(f"intermediate size {intermediate_size} does not split over {tp_size} ranks")
+        self.hidden, self.local = hidden_size, intermediate_size // tp_size
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.w13 = nn.Parameter(torch.empty(2, 2 * self.local, hidden_size), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(2, hidden_size, self.local), requires_grad=False)
+
+    def forward(self, text: torch.Tensor, audio: torch.Tensor, is_audio: torch.Tensor) -> torch.Tensor:
+        """[n, H] normed inputs of both branches, [n, 1] audio mask -> [n, H]."""
+        x = torch.where(is_audio, audio, text)
+        out = vllm_compat.grouped_mlp(x, self.w13, self.w2, is_audio.to(torch.int32))
+        return vllm_compat.all_reduce(out) if self.tp_size > 1 else out
+
+    def load(self, part_name: str, weight: torch.Tensor) -> None:
+        """One checkpoint tensor (``mlp.gate_proj`` ... ``audio_mlp.down_proj``), full size: this
+        rank's slice goes into its place."""
+        expert, part = _PARTS[part_name]
+        I, r = self.local, self.tp_rank
+        if part == "down":  # [H, I]: row parallel, this rank's columns
+            self.w2.data[expert].copy_(weight[:, r * I : (r + 1) * I])
+        else:  # [I, H]: column parallel, this rank's rows; gate first, then up
+            rows = slice(0, I) if part == "gate" else slice(I, 2 * I)
+            self.w13.data[expert, rows].copy_(weight[r * I : (r + 1) * I])
+
+
+def load_dual_weights(weights, layers, loaded: set[str]):
+    """The weights without the ``mlp.*`` / ``audio_mlp.*`` projections of the decoder layers
+    (``layers``, by index), which go into each layer's ``dual_mlp`` as they pass (their names
+    added to ``loaded``). A generator: the checkpoint streams through."""
+    for name, tensor in weights:
+        match = _NAME.match(name)
+        if match is None:
+            yield name, tensor
+            continue
+        layers[int(match.group(1).rsplit(".", 1)[1])].dual_mlp.load(match.group(2), tensor)
+        loaded.update({f"{match.group(1)}.dual_mlp.w13", f"{match.group(1)}.dual_mlp.w2"})

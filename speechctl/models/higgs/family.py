@@ -1,0 +1,89 @@
+"""Higgs Audio v2 (transformers' ``HiggsAudioV2ForConditionalGeneration``, as published at
+bosonai/higgs-audio-v2-generation-3B-base): its stream layout read from the published config, and
+where its codec (the Higgs audio tokenizer) lives."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
+from speechctl.errors import ModelError
+from speechctl.models.hub import is_hub_id, snapshot
+from speechctl.models.family import CodecLocation, Family, GenerationDefaults, Repetition, sampling_from
+
+
+def higgs_audio_v2_spec(config: Mapping[str, Any]) -> StreamSpec:
+    """Higgs Audio v2 (transformers' ``HiggsAudioV2Config``): K codebooks with delays 1..K (the
+    first generated frame is all BOS), a stream vocabulary of ``codebook_size`` tokens whose
+    last two are the stream BOS/EOS (1024/1025 of 1026), EOS repeated after a stream's end.
+    Primary stream: ``<|AUDIO_OUT|>`` per frame, the delay token once a stream has ended, and
+    ``eos_token_id`` (which stops the request) when all have. See higgs/model.py."""
+    try:
+        K, vocab = int(config["num_codebooks"]), int(config["codebook_size"])
+        bos, eos = int(config["audio_stream_bos_id"]), int(config["audio_stream_eos_id"])
+        eos_token = config["eos_token_id"]
+        eos_token = int(eos_token[0] if isinstance(eos_token, (list, tuple)) else eos_token)
+        pattern = DelayPattern(tuple(range(1, K + 1)), min(bos, eos), bos_id=bos, eos_id=eos, pad_id=eos, vocab=vocab)
+        return StreamSpec(
+            pattern=pattern,
+            bos_id=int(config["bos_token_id"]),
+            eos_id=eos_token,
+            pad_id=int(config["pad_token_id"]),
+            audio_bos_id=int(config["audio_bos_token_id"]),
+            audio_id=int(config["audio_token_id"]),
+            audio_eos_id=eos_token,
+            rules=EndRules(eos_lag=1, open_vocab=True),
+            audio_flush_id=int(config["audio_delay_token_id"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"invalid Higgs Audio v2 config: {e}") from None
+
+
+class HiggsAudioV2(Family):
+    name = "higgs_audio_v2"
+    title = "Higgs Audio v2"
+    description = ("Higgs Audio v2 (bosonai/higgs-audio-v2-generation-3B-base): Llama-3 + DualFFN, "
+                   "8 codebooks, delay pattern, higgs_audio_v2_tokenizer codec")
+    architecture = "HiggsAudioV2ForConditionalGeneration"
+    model_class = "speechctl.models.higgs.model:HiggsAudioV2ForConditionalGeneration"
+    prompts = "speechctl.models.higgs.prompts:HiggsAudioV2Prompts"
+
+    def spec(self, config: Mapping[str, Any]) -> StreamSpec:
+        return higgs_audio_v2_spec(config)
+
+    def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
+        """``audio_tokenizer/`` or ``codec/`` inside the checkpoint, else what
+        ``audio_tokenizer_config.json`` or ``processor_config.json`` names (transformers' processor
+        reads those): a local directory, or a hub id resolved through the Hugging Face cache."""
+        for sub in ("audio_tokenizer", "codec"):
+            if (path / sub / "config.json").is_file():
+                return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
+        for file, section in (("audio_tokenizer_config.json", None), ("processor_config.json", "audio_tokenizer")):
+            if not (path / file).is_file():
+                continue
+            entry = json.loads((path / file).read_text())
+            named = (entry.get(section) or {} if section else entry).get("audio_tokenizer_name_or_path")
+            if not named:
+                continue
+            local = Path(named).expanduser()
+            if (local / "config.json").is_file():
+                return CodecLocation(local, f"{named} (local, named in {file})")
+            if is_hub_id(named):
+                return CodecLocation(snapshot(named), f"hub id {named} in {file}, from the Hugging Face cache")
+            raise ModelError(f"{path / file}: names the codec {named!r}, which is neither a directory nor a hub id")
+        raise ModelError(f"{path}: no codec (audio_tokenizer/, or processor_config.json naming it)")
+
+    def defaults(self, generation: dict | None) -> GenerationDefaults:
+        """Its sampling, and repetition-aware sampling where ``ras_win_len`` and
+        ``ras_win_max_num_repeat`` are set (transformers' ``generate`` applies it then)."""
+        if generation is None:
+            return GenerationDefaults()
+        window, repeat = generation.get("ras_win_len"), generation.get("ras_win_max_num_repeat")
+        repetition = Repetition(int(window), int(repeat)) if window and repeat else None
+        return GenerationDefaults(audio=sampling_from(generation), repetition=repetition, source="generation_config.json")
+
+
+FAMILY = HiggsAudioV2()

@@ -1,0 +1,90 @@
+"""Models named by Hugging Face hub id (``ORG/NAME``, ``ORG/NAME@REVISION``), resolved through the
+hub cache as vLLM and transformers resolve them: ``HF_HUB_CACHE`` / ``HF_HOME``, revisions (a
+branch, tag or commit), ``HF_HUB_OFFLINE``. Files are downloaded only where the environment allows
+it, and then only those the checkpoint needs (``allow_patterns``); a missing piece is a one-line
+``ModelError`` naming the repo or file to fetch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from speechctl.errors import ModelError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def is_hub_id(name: str) -> bool:
+    """``ORG/NAME[@REVISION]`` that is not a local path."""
+    return bool(_HUB_ID.match(name)) and not Path(name).expanduser().exists() and not name.startswith((".", "/", "~"))
+
+
+def split_hub_id(name: str) -> tuple[str, str | None]:
+    repo, _, revision = name.partition("@")
+    return repo, revision or None
+
+
+def offline() -> bool:
+    """Downloads are off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``), read now, not at import."""
+    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def cache_dir() -> Path:
+    """The hub cache the environment names now: ``HF_HUB_CACHE``, else ``HF_HOME``/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def download_command(repo: str, revision: str | None = None, patterns: list[str] | None = None) -> str:
+    parts = ["huggingface-cli download", repo]
+    if revision:
+        parts.append(f"--revision {revision}")
+    if patterns:
+        parts.append("--include " + " ".join(f"'{p}'" for p in patterns))
+    return " ".join(parts)
+
+
+def snapshot(name: str, allow_patterns: list[str] | None = None) -> Path:
+    """The local snapshot directory of hub id ``name`` with (at least) the files matching
+    ``allow_patterns`` (all files if None)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, revision = split_hub_id(name)
+    local_only = offline()
+    try:
+        path = snapshot_download(repo, revision=revision, cache_dir=str(cache_dir()), local_files_only=local_only,
+                                 allow_patterns=allow_patterns)
+    except LocalEntryNotFoundError:
+        why = "downloads are off (HF_HUB_OFFLINE)" if local_only else "the hub cannot be reached"
+        raise ModelError(f"{name}: not in the Hugging Face cache ({cache_dir()}) and {why}; "
+                         f"fetch it with `{download_command(repo, revision, allow_patterns)}`") from None
+    except (RepositoryNotFoundError, GatedRepoError) as e:
+        raise ModelError(f"{name}: the hub refused the repository ({type(e).__name__}); check the name and your access") from None
+    except RevisionNotFoundError:
+        raise ModelError(f"{name}: no revision {revision!r} in {repo}") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise ModelError(f"{name}: could not fetch from the hub ({str(e).splitlines()[0]})") from None
+    return Path(path)
+
+
+def repo_files(name: str) -> set[str]:
+    """The file names of hub repository ``name`` at its revision (online)."""
+    from huggingface_hub import list_repo_files
+
+    repo, revision = split_hub_id(name)
+    try:
+        return set(list_repo_files(repo, revision=revision))
+    except Exception as e:  # the hub's many HTTP and repository errors: one line
+        raise ModelError(f"{name}: could not list the repository ({str(e).splitlines()[0]})") from None

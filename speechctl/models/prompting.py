@@ -1,0 +1,64 @@
+"""The one protocol every family's prompt builder speaks: requests in, readings out.
+
+    builder = checkpoint.prompt_builder(tokenizer)      # models/family.py
+    request = builder.tts("Hello", voice_codes=..., audio_sampling=..., max_frames=250)
+    request = builder.asr(codes)                        # families that transcribe
+    codes = builder.audio_segments(output)              # [[K, T], ...] the audio it generated
+    codes = builder.final_frames(steps_so_far)          # [K, T] the frames already final (streaming)
+    text = builder.text(output)
+
+A builder subclasses ``PromptBuilder`` and implements what its format has; what it lacks answers
+with a one-line ``InputError``. Builders import neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.requests import StreamOutput, StreamRequest
+from speechctl.engine.streams import StreamSpec
+from speechctl.errors import InputError
+
+
+class PromptBuilder:
+    title = "this model"  # for messages
+    min_frames = 1  # the audio may not end before this many frames (unless the caller says)
+
+    def __init__(self, spec: StreamSpec, tokenizer):
+        self.spec = spec
+        self.tokenizer = tokenizer
+
+    def tts(
+        self,
+        text: str,
+        *,
+        voice_codes: np.ndarray | None = None,  # [K, T] codec codes of a reference voice
+        voice_text: str | None = None,  # its transcript, where the format takes one
+        text_sampling: Sampling = GREEDY,
+        audio_sampling: Sampling = GREEDY,
+        depth_sampling: Sampling | None = None,  # a depth decoder's codebooks; None: as audio
+        seed: int | None = None,
+        max_frames: int = 1000,
+        min_frames: int | None = None,  # None: the family's
+        guidance: Guidance = NO_GUIDANCE,
+        repetition: tuple[int, int] | None = None,  # repetition-aware sampling (window, max_repeat)
+        tag: object = None,
+    ) -> StreamRequest:
+        raise NotImplementedError
+
+    def asr(self, codes: np.ndarray, *, text_sampling: Sampling = GREEDY, seed: int | None = None,
+            max_tokens: int = 256, tag: object = None) -> StreamRequest:
+        raise InputError(f"{self.title} generates speech; it does not transcribe (use a Whisper model)")
+
+    def audio_segments(self, out: StreamOutput, starts_in_audio: bool = True) -> list[np.ndarray]:
+        """Every audio segment of a finished output as [K, T] codes."""
+        raise NotImplementedError
+
+    def final_frames(self, steps: np.ndarray) -> np.ndarray:
+        """[S, K] steps of an audio segment still being generated -> the [K, T] frames that are
+        already final."""
+        raise NotImplementedError
+
+    def text(self, out: StreamOutput) -> str:
+        return ""

@@ -1,0 +1,57 @@
+"""Engines give everything back when they shut down: a user who opens models one after another
+in one process (the Python API, chat's three engines, a notebook) must not run out of memory.
+
+On CUDA each engine takes vLLM's default share of the GPU (0.85 of its memory for weights and
+KV cache), so a second engine starts only if the first one's memory came back; on the CPU the
+check is that the model and its runner were collected."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from speechctl.engine import vllm_compat
+from speechctl.engine.config import EngineConfig
+from speechctl.engine.engine import SpeechEngine
+
+pytestmark = pytest.mark.engine
+CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def csm_path(tmp_path_factory):
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
+
+    return create_csm_checkpoint(tmp_path_factory.mktemp("csm") / "csm", CsmRecipe())
+
+
+def _free_bytes() -> int:
+    return torch.cuda.mem_get_info()[0] if CUDA else 0
+
+
+def _run_and_drop(path) -> tuple[weakref.ref, weakref.ref]:
+    # On CUDA the default memory share: the next engine starts only if this one's came back.
+    memory = {} if CUDA else {"kv_cache_bytes": 1 << 26}
+    engine = SpeechEngine(path, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", **memory))
+    prompts = engine.prompt_builder()
+    outs = list(engine.generate(prompts.tts(f"text {i}", max_frames=5, tag=i) for i in range(2)))
+    assert [o.error for o in outs] == [None, None]
+    runner = vllm_compat.worker_runner(engine._vllm.model_executor.driver_worker)
+    refs = weakref.ref(runner.get_model()), weakref.ref(runner)
+    del runner
+    engine.shutdown()
+    del engine
+    gc.collect()
+    return refs
+
+
+def test_engines_of_two_families_start_stop_and_start_again(tiny_checkpoint, csm_path):
+    free_at_start = _free_bytes()
+    for _ in range(2):
+        for path in (tiny_checkpoint, csm_path):
+            model, runner = _run_and_drop(path)
+            assert model() is None, f"{path.name}: the shut-down engine's model is still alive"
+            assert runner() is None, f"{path.name}: the shut-down engine's runner is still alive"
+            if CUDA:  # what the engine took came back (CUDA's context and the codec's kernels aside)
+                assert _free_bytes() > free_at_start - (2 << 30), (free_at_start, _free_bytes())

@@ -1,0 +1,371 @@
+"""recipes/voice (issue 20): the training recipe of speechctl's own codec and speech LM, at toy
+sizes on the CPU. The LM's teacher-forced batches are checked against speechctl's own prompt
+builder and delay layout, its logits against tests/reference.py on the exported checkpoint, and
+an LM overfitted to one utterance must say exactly that utterance through speechctl's engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recipes.voice import checkpoint, text  # noqa: E402
+from recipes.voice.config import DataConfig, preset  # noqa: E402
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Training steps on one thread: on a small shared CPU, two threads waiting on each other
+    made a step 5-20x slower (measured beside other sessions' jobs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                  reason="espeak-ng is not installed (apt-get install espeak-ng)")
+
+
+# -- text and data ---------------------------------------------------------------------------------
+
+
+def test_corpus_is_deterministic_and_holds_out_its_test_sentences():
+    config = DataConfig()  # the full scale: text only, nothing is synthesized here
+    a, b = text.make_corpus(config), text.make_corpus(config)
+    assert a.train == b.train and a.heldout == b.heldout
+    assert "The quick brown fox jumps over the lazy dog." in a.heldout
+    assert len(a.heldout) >= 100
+    held = {text.normalize(s) for s in a.heldout}
+    assert not held & {text.normalize(s) for s in a.train}
+    hours = sum(map(text.estimated_seconds, a.train)) / 3600
+    assert hours >= config.hours * 0.99
+    assert text.bare("The quick brown fox.") == "the quick brown fox" and text.bare("Why?") == "why?"
+    assert 0.25 < sum(text.bare_variant(s, 0.3) for s in a.train[:3000]) / 3000 < 0.35
+    other = text.make_corpus(replace(config, seed=1, hours=8.0))
+    assert other.heldout == a.heldout and other.train[: a.natural] == a.train[: a.natural]
+    assert other.train != a.train  # the made-up sentences follow the seed
+
+
+@pytest.mark.skipif(not Path("/usr/share/dictd/devil.dict.dz").is_file() or not Path("/usr/share/dict/words").is_file(),
+                    reason="Debian's dict-devil and wamerican are not installed")
+def test_committed_text_is_what_the_debian_packages_give(tmp_path):
+    text.build_sources(out=tmp_path)
+    for name in ("devil.txt", "words.txt"):
+        assert (tmp_path / name).read_bytes() == (text.TEXT_DIR / name).read_bytes()
+
+
+def test_resampler_is_band_limited_and_exact_in_length():
+    from recipes.voice.data import resample
+
+    t = np.arange(22050) / 22050
+    y = resample(np.sin(2 * np.pi * 440 * t), 22050, 16000)
+    assert len(y) == 16000
+    assert np.abs(y - np.sin(2 * np.pi * 440 * np.arange(16000) / 16000))[100:-100].max() < 1e-4
+    high = resample(np.sin(2 * np.pi * 10000 * t), 22050, 16000)  # above 8 kHz: removed
+    assert np.abs(high[200:-200]).max() < 1e-3
+
+
+@needs_espeak
+def test_synthesis_is_deterministic(tmp_path):
+    from recipes.voice import data
+
+    config = DataConfig(hours=0.004, heldout=2, max_chars=60)
+    a = data.build(config, tmp_path / "a", workers=1, log=None)
+    b = data.build(config, tmp_path / "b", workers=2, log=None)
+    assert a["sha256"] == b["sha256"] and a["splits"]["train"]["empty"] == 0
+    split = data.load_split(tmp_path / "a", "heldout")
+    assert split.text[0] == "The quick brown fox jumps over the lazy dog."
+    seconds = split.length[0] / config.sample_rate
+    assert 1.5 < seconds < 5.0
+    assert data.ensure(config, tmp_path / "a", expect_sha256=a["sha256"], log=None)["sha256"] == a["sha256"]
+    for sentence in split.text[:2]:  # what the LM may read instead: the same speech
+        assert text.bare(sentence) != sentence
+        assert data.synthesize(text.bare(sentence), config)[0].tobytes() == data.synthesize(sentence, config)[0].tobytes()
+    with pytest.raises(data.DataError):
+        data.ensure(config, tmp_path / "a", expect_sha256="0" * 64, strict=True, log=None)
+    warned = []
+    data.ensure(config, tmp_path / "a", expect_sha256="0" * 64, log=warned.append)
+    assert warned and warned[0].startswith("WARNING")
+
+
+def fake_data(path: Path, rate: int = 16000, seconds=(0.7, 1.1, 0.9), texts=None) -> str:
+    """A data directory of synthetic 'speech' (harmonic tones), without espeak-ng."""
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name in ("train", "heldout"):
+        waves = []
+        for i, s in enumerate(seconds):
+            t = np.arange(int(s * rate)) / rate
+            f0 = 110 + 40 * i + 30 * np.sin(2 * np.pi * 2 * t)
+            w = sum(np.sin(2 * np.pi * k * np.cumsum(f0) / rate) / k for k in range(1, 6)) * 0.2
+            waves.append(np.round((w + 0.01 * rng.standard_normal(len(t))) * 32767).astype("<i2"))
+        lengths = [len(w) for w in waves]
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
+        np.concatenate(waves).tofile(path / f"{name}.pcm")
+        names = texts or [f"Sentence {i}." for i in range(len(waves))]
+        (path / f"{name}.json").write_text(json.dumps({"text": names, "offset": offsets, "length": lengths}))
+    return "f" * 64
+
+
+# -- codec ------------------------------------------------------------------------------------------
+
+
+def tiny_recipe(**lm):
+    recipe = preset("tiny")
+    recipe.codec_train = replace(recipe.codec_train, disc_start_step=1, log_every=1, codebook_reset_every=2,
+                                 batch_size=2, segment_s=0.2, decay_share=0.0)
+    recipe.lm = replace(recipe.lm, dtype="float32", **lm)
+    return recipe
+
+
+def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
+    from recipes.voice.codec import CodecTrainer, load_trained_codec
+
+    sha = fake_data(tmp_path / "data")
+    recipe = tiny_recipe()
+    far = 1e12
+
+    def trainer():
+        return CodecTrainer(recipe, tmp_path / "data", "cpu", sha, log=lambda line: None)
+
+    straight = trainer()
+    straight.train(far, max_steps=3)
+    assert {"mel", "wave", "commit", "codebook", "d", "adv", "feat"} <= set(straight.history[1])
+    first = trainer()
+    first.train(far, max_steps=2)
+    first.save(tmp_path / "ckpt")
+    first.train(far, max_steps=1)  # saving leaves the trainer as it was
+    assert first.step == 3
+    record = checkpoint.read_record(tmp_path / "ckpt")
+    assert record["resume"] == "exact" and record["data_sha256"] == sha and record["step"] == 2
+    second = trainer()
+    second.resume(tmp_path / "ckpt")
+    second.train(far, max_steps=1)
+    assert second.step == 3
+    a, b = straight.model.state_dict(), second.model.state_dict()
+    c = first.model.state_dict()
+    assert max(float((a[k] - c[k]).abs().max()) for k in a) < 1e-6
+    # The moments travel in bfloat16: the resumed step is the same step up to their rounding.
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-3
+    model, _, _ = load_trained_codec(tmp_path / "ckpt")
+    assert not any("parametrizations" in k for k in model.state_dict())
+    with torch.no_grad():
+        out = model(torch.zeros(1, 1, 6400)).audio_values
+    assert out.shape == (1, 6400)
+
+
+def test_schedule_warms_up_holds_and_anneals_by_the_clock():
+    from recipes.voice.schedule import RunSchedule
+
+    now = [0.0]
+    s = RunSchedule(100.0, first_step=0, warmup_steps=10, decay_share=0.3, floor=0.1, clock=lambda: now[0])
+    assert s.factor(0) == pytest.approx(0.1) and s.factor(9) == 1.0
+    now[0] = 69.0
+    assert s.factor(500) == 1.0
+    now[0] = 85.0
+    assert 0.1 < s.factor(500) < 1.0
+    now[0] = 100.0
+    assert s.factor(500) == pytest.approx(0.1)
+    resumed = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, rewarm_from=500,
+                          clock=lambda: 0.0)
+    assert resumed.factor(500) == pytest.approx(0.2) and resumed.factor(504) == 1.0
+
+
+def test_pack_and_unpack_round_trip(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(np.random.default_rng(0).bytes(2500))
+    (src / "sub" / "b.json").write_text("{}")
+    parts = checkpoint.pack(src, tmp_path / "out", "thing", part_bytes=1000)
+    assert len(parts) >= 3 and all(p.stat().st_size <= 1000 for p in parts)
+    dest = checkpoint.unpack(tmp_path / "out", "thing", tmp_path / "dest")
+    assert (dest / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+    assert (dest / "sub" / "b.json").read_text() == "{}"
+    again = checkpoint.pack(src, tmp_path / "out2", "thing", part_bytes=1000)
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in parts]  # same bytes, same parts
+    parts[1].write_bytes(b"x" + parts[1].read_bytes()[1:])
+    with pytest.raises(checkpoint.CheckpointError):
+        checkpoint.unpack(tmp_path / "out", "thing", tmp_path / "dest2")
+
+
+# -- LM: batches, logits, export ----------------------------------------------------------------------
+
+
+def fake_codes(path: Path, K: int, C: int, items: list[tuple[str, int]], seed: int = 0) -> str:
+    """A codes directory (what codes.extract writes) of random codes, the same in both splits."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("train", "heldout"):
+        rng = np.random.default_rng(seed)
+        codes = [rng.integers(0, C, (K, frames)) for _, frames in items]
+        frames = [c.shape[1] for c in codes]
+        np.save(path / f"{name}.npy", np.concatenate(codes, axis=1).astype(np.int16))
+        offsets = np.concatenate([[0], np.cumsum(frames)[:-1]]).tolist()
+        (path / f"{name}.json").write_text(json.dumps({"text": [t for t, _ in items], "offset": offsets,
+                                                        "frames": frames}))
+    return "c" * 64
+
+
+def fake_codec_model(path: Path, recipe) -> Path:
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.DacModel(recipe.codec.dac_config()).eval()
+    model.to(torch.float16).save_pretrained(path)
+    checkpoint.write_record(path, {"stage": "codec", "recipe": recipe.to_dict()})
+    return path
+
+
+ITEMS = [("Hi.", 5), ("Hello world, again!", 9), ("Ünïcödé ✓", 3), ("A", 1)]
+
+
+@pytest.fixture(scope="module")
+def lm_parts(tmp_path_factory):
+    """A tiny LM trainer on random codes, its checkpoint and its export (float32 weights)."""
+    from recipes.voice.lm import LMTrainer
+    from recipes.voice.stages import run_export
+
+    tmp = tmp_path_factory.mktemp("lm")
+    recipe = tiny_recipe(delays=[0, 2, 3, 5])
+    recipe.lm_train = replace(recipe.lm_train, bare_text_share=0.5)
+    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
+    sha = fake_codes(tmp / "codes", K, C, ITEMS)
+    trainer = LMTrainer(recipe, tmp / "codes", tmp / "work", "cpu", sha, log=lambda line: None)
+    trainer.train(1e12, max_steps=2)
+    trainer.save(tmp / "lm")
+    codec_model = fake_codec_model(tmp / "codec-model", recipe)
+    model_dir = run_export(tmp / "lm", codec_model, tmp / "model")
+    return trainer, model_dir
+
+
+def test_lm_batch_is_what_the_engine_feeds(lm_parts):
+    """Inputs and targets against speechctl's own prompt builder, tokenizer and DelayPattern."""
+    from transformers import AutoTokenizer
+
+    from speechctl.engine.streams import StreamSpec
+    from speechctl.models.generic.prompts import MultiStreamPrompts
+
+    trainer, model_dir = lm_parts
+    config = json.loads((model_dir / "config.json").read_text())
+    spec = StreamSpec.from_dict(config["speechctl"])
+    prompts = MultiStreamPrompts(spec, AutoTokenizer.from_pretrained(model_dir))
+    pattern = spec.pattern
+    examples = trainer.train_set
+    L = 64
+    batch = examples.batch(torch.arange(len(ITEMS)), L)
+    K, lead = pattern.num_streams, pattern.lead
+    assert examples.text != [t for t, _ in ITEMS]  # some are read bare ("hi" for "Hi.")
+    for i, (sentence, frames) in enumerate(ITEMS):
+        sentence = examples.text[i]
+        ids = prompts.tts(sentence).prompt_ids
+        P = len(ids)
+        steps = pattern.build(examples.codes[:, int(examples.code_start[i]):][:, :frames].numpy())  # [K, S]
+        S = steps.shape[1]
+        end = P + S - 1
+        assert batch["primary"][i, :P].tolist() == ids
+        assert batch["primary"][i, P:end].tolist() == [spec.audio_id] * (S - 1)
+        assert (batch["aux"][i, :P] == pattern.pad).all()
+        assert batch["aux"][i, P:end].T.tolist() == steps[:, : S - 1].tolist()
+        assert batch["target"][i, P - 1:end].T.tolist() == steps.tolist()
+        weight = batch["weight"][i].numpy()
+        expected = np.zeros((L, K), bool)
+        expected[P - 1:end] = pattern.code_mask(frames).T
+        expected[P - 1 + frames + pattern.delays[lead], lead] = True  # the lead stream's EOS
+        assert (weight == expected).all()
+        assert not batch["weight"][i, end:].any()
+
+
+def test_lm_logits_match_the_reference_on_the_exported_checkpoint(lm_parts):
+    """Teacher-forced logits of the training model = tests/reference.py's model reading the
+    exported checkpoint, position by position; the reference accepts the target layout as the
+    engine's own (forced rule tokens must match its rules)."""
+    from reference import ReferenceModel, RefRequest
+
+    trainer, model_dir = lm_parts
+    ref = ReferenceModel(model_dir)
+    lay = trainer.layout
+    model = trainer.model.eval()
+    for i, (_, frames) in enumerate(ITEMS[:2]):
+        sentence = trainer.train_set.text[i]
+        length = lay.length(len(sentence.encode()), frames)
+        batch = trainer.train_set.batch(torch.tensor([i]), length)
+        with torch.no_grad():
+            logits = model.aux_logits(model.hidden(batch["primary"], batch["aux"]))[0]  # [L, K, Va]
+        primary, aux = batch["primary"][0].tolist(), batch["aux"][0].tolist()
+        P = len(sentence.encode()) + 3
+        for pos in range(P - 1, length):
+            _, ref_aux = ref._logits(primary[: pos + 1], aux[: pos + 1])
+            assert torch.allclose(logits[pos], ref_aux, atol=2e-4), f"position {pos}"
+        target = batch["target"][0, P - 1:].tolist()
+        forced_ids = [ref.audio] * len(target) + [ref.audio_eos]
+        forced_aux = np.array(target + [[ref.PAD] * ref.K])
+        req = RefRequest(prompt_ids=primary[:P], audio_items=[], max_tokens=len(forced_ids) + 1,
+                         stop_ids=(ref.audio_eos,), starts_in_audio=True)
+        ids, _ = ref.generate(req, forced=(forced_ids, forced_aux))  # raises if a rule token differs
+        assert ids[-1] == ref.audio_eos and len(ids) == len(forced_ids)
+
+
+def test_export_is_speechctls_layout(lm_parts):
+    from safetensors.torch import load_file
+
+    from speechctl.models.catalog import resolve_checkpoint, resolve_model
+
+    trainer, model_dir = lm_parts
+    assert resolve_model(str(model_dir)) == model_dir
+    weights = load_file(str(model_dir / "model.safetensors"))
+    K, Va, H = trainer.layout.K, trainer.layout.Va, trainer.model.config.hidden_size
+    assert weights["audio_embed.weight"].shape == (K * Va, H) == weights["audio_head.weight"].shape
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(weights[k], v.float()), k
+    assert (resolve_checkpoint(str(model_dir)).codec_dir / "model.safetensors").is_file()
+
+
+@pytest.mark.engine
+def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
+    """Train on one utterance until it is memorized; speechctl's engine (vLLM, greedy) must then
+    give back exactly its codes and stop there: teacher forcing and decoding agree, EOS included.
+    Then `speechctl tts --model EXPORTED` runs as a user would."""
+    from recipes.voice.lm import LMTrainer
+    from recipes.voice.stages import run_export
+    from speechctl.api import Speech
+    from speechctl.engine.engine import EngineConfig
+    from speechctl.engine.params import GREEDY
+
+    recipe = tiny_recipe()
+    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, decay_share=0.0, bare_text_share=0.0)
+    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
+    sentence, frames = "Hello world.", 12
+    sha = fake_codes(tmp_path / "codes", K, C, [(sentence, frames)], seed=5)
+    trainer = LMTrainer(recipe, tmp_path / "codes", tmp_path / "work", "cpu", sha, log=lambda line: None)
+    for _ in range(8):
+        trainer.train(1e12, max_steps=50)
+        if trainer.history[-1].get("heldout_stream_acc") == [1.0] * K:
+            break
+    assert trainer.history[-1]["heldout_stream_acc"] == [1.0] * K
+    trainer.save(tmp_path / "lm")
+    model = run_export(tmp_path / "lm", fake_codec_model(tmp_path / "codec-model", recipe), tmp_path / "model")
+    truth = np.load(tmp_path / "codes" / "train.npy").astype(np.int64)
+
+    speech = Speech(model, engine_config=EngineConfig(max_num_seqs=4, max_model_len=256, dtype="float32"))
+    try:
+        result = speech.tts(sentence, audio_sampling=GREEDY, max_seconds=4.0)
+    finally:
+        speech.close()
+    assert result.codes.tolist() == truth.tolist()
+
+    out = tmp_path / "hello.wav"
+    proc = subprocess.run([sys.executable, "-m", "speechctl.cli", "tts", sentence, "--model", str(model), "-o", str(out),
+                           "--audio-temperature", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import soundfile as sf
+
+    assert len(sf.read(out)[0]) == frames * recipe.codec.hop_length
