@@ -81,3 +81,55 @@ def test_bad_options_are_one_line_errors_naming_the_item(model):
     assert results["wide"].error.startswith("wide: beam size / best-of 7 is more than this engine takes")
     assert all("\n" not in r.error for r in results.values() if r.error)
     assert results["fine"].error is None and len(results["fine"].tokens[0]) == 3
+
+
+def test_a_whisper_checkpoint_by_hub_id_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    """``--model openai/whisper-tiny.en`` offline from a hub cache laid out as the hub lays it out
+    (``tests/published.py`` ``into_hub_cache``: blobs, a snapshot of links, refs/main), holding a
+    tiny English-only checkpoint written by transformers' classes beside the repository's other
+    weight copy (``pytorch_model.bin``, as openai's repos have): transformers' greedy tokens
+    through the API and the CLI, ``speechctl models`` names the snapshot and the weights chosen,
+    and an id the cache lacks is one line naming the download command."""
+    import json
+
+    import soundfile as sf
+    import torch
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from published import into_hub_cache
+    from speechctl.asr.checkpoint import resolve_whisper
+    from speechctl.cli import cli
+    from speechctl.cli.options import EngineChoice
+
+    path = make_checkpoint(tmp_path / "whisper-tiny.en", "en", seed=7)
+    torch.save(load_file(str(path / "model.safetensors")), path / "pytorch_model.bin")
+    snapshot = into_hub_cache(tmp_path / "hub", "openai/whisper-tiny.en", path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("COLUMNS", "500")  # `speechctl models` prints the snapshot's path on one line
+    assert resolve_whisper("openai/whisper-tiny.en") == snapshot
+    assert resolve_whisper("openai/whisper-tiny.en@main") == snapshot
+
+    audio = noise_audio(1.5, 4)
+    theirs = hf_generate(Reference(path), audio, max_new_tokens=LENGTH)
+    asr = EngineChoice("openai/whisper-tiny.en", 64, 4096, "auto").whisper()  # the engine the CLI below uses
+    _ENGINES.append(asr)
+    (ours,) = asr.run([AsrJob(id="a", audio=audio, whisper=GREEDY, max_tokens=LENGTH)])
+    assert ours.tokens == [theirs] and asr.model_dir == snapshot
+
+    wav = tmp_path / "a.wav"
+    sf.write(wav, audio, RATE, subtype="FLOAT")
+    run = lambda *args: CliRunner().invoke(cli, [str(a) for a in args])  # noqa: E731
+    result = run("asr", wav, "--model", "openai/whisper-tiny.en", "--format", "json", "--max-tokens", LENGTH, "--beam-size", 1,
+                 "--without-timestamps", "--no-condition-on-previous-text", "--temperature-increment-on-fallback", "none",
+                 "--no-speech-threshold", "none")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["text"] == ours.text
+
+    described = " ".join(run("models", "openai/whisper-tiny.en").output.split())
+    for expected in (str(snapshot), "model.safetensors (by model.safetensors)", "pytorch_model.bin"):
+        assert expected in described, (expected, described)
+    missing = run("asr", wav, "--model", "openai/whisper-small")
+    assert missing.exit_code == 1 and len(missing.output.strip().splitlines()) == 1
+    assert "not in the Hugging Face cache" in missing.output and "huggingface-cli download openai/whisper-small" in missing.output

@@ -125,7 +125,7 @@ class WhisperAsr:
     sample_rate = RATE
 
     def __init__(self, model: str | Path | None = None, config: WhisperConfig | None = None):
-        from speechctl.asr.checkpoint import DEFAULT_ASR_MODEL, resolve_whisper
+        from speechctl.asr.checkpoint import DEFAULT_ASR_MODEL, engine_dir, resolve_whisper
         from speechctl.asr.decoder import WhisperDecoding
         from speechctl.asr.encoder_cache import EncoderCache
         from speechctl.asr.vocab import load_vocab
@@ -139,7 +139,7 @@ class WhisperAsr:
         self.model_dir = resolve_whisper(model)
         self.config = config or WhisperConfig()
         self.on_gpu = has_cuda()
-        args = self.config.engine_args(self.model_dir, self.on_gpu)
+        args = self.config.engine_args(engine_dir(self.model_dir), self.on_gpu)
         vllm_compat.keep_whisper_decoder_prompts()
         with vllm_compat.other_engines_keep_their_graphs():
             self._llm = LLM(**args)

@@ -77,7 +77,7 @@ def build_options(settings: dict, sampling):
 
 @click.command("asr")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
-@click.option("--model", "-m", default=None, metavar="NAME|DIR", help="whisper-tiny.en (default), a Whisper checkpoint directory (Hugging Face format), or a speech LM (tiny or a checkpoint directory).")
+@click.option("--model", "-m", default=None, metavar="NAME|DIR|ORG/NAME", help="whisper-tiny.en (default), a Whisper checkpoint in Hugging Face format (a directory or a hub id such as openai/whisper-small, from the Hugging Face cache), or a speech LM.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="txt", show_default=True, help="json, srt and vtt carry timestamps (segments; words with --word-timestamps).")
 @click.option("--out-dir", "-o", type=click.Path(file_okay=False), default=None, help="Write OUT_DIR/<file name>.<format> per input instead of printing.")
 @click.option("--max-tokens", type=click.IntRange(1), default=None, help="Longest transcript, in tokens (Whisper: per window, at most 446).  [default: 256]")
