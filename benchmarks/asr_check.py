@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from speechctl.api import AsrJob
-from speechctl.asr import WhisperAsr, WhisperConfig
+from speechctl.asr import WhisperAsr, WhisperConfig, WhisperOptions
 from speechctl.asr.checkpoint import whisper_dir
 from speechctl.audio import read_audio
 
@@ -31,6 +31,11 @@ long = np.concatenate([x for n in speech for x in (clips[n], gap)])
 quiet = np.zeros(8 * 60 * 16000, np.float32)
 for n, s in {"13": 61.0, "19": 250.5, "23": 470.0}.items():
     quiet[int(s * 16000): int(s * 16000) + len(clips[n])] = clips[n]
+
+
+# The record's decoding (speechctl's default before beam search): greedy, no timestamps, no
+# fallback, no context, no no-speech drop, so that its tokens compare with the CPU record.
+GREEDY = WhisperOptions(beam_size=1, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False, no_speech_threshold=None)
 
 
 def wer(hyps):
@@ -55,20 +60,20 @@ for dtype in sys.argv[4:] or ["auto", "float32"]:
     t = time.time()
     asr = WhisperAsr(model_dir, WhisperConfig(dtype=dtype))
     row = {"startup_s": round(time.time() - t, 1)}
-    res = {r.id: r for r in asr.run(AsrJob(id=n, audio=a) for n, a in clips.items())}
+    res = {r.id: r for r in asr.run(AsrJob(id=n, audio=a, whisper=GREEDY) for n, a in clips.items())}
     row["tokens"] = {n: res[n].tokens for n in names}
     row["wer"] = wer([res[n].text for n in speech])
-    lr = asr.asr(long)
+    lr = asr.asr(long, whisper=GREEDY)
     row["long_tokens"], row["long_wer_text"] = lr.tokens, lr.text
-    qr = asr.asr(quiet)
+    qr = asr.asr(quiet, whisper=GREEDY)
     row["quiet_segments"] = [s.to_dict() for s in qr.segments]
-    jobs = [AsrJob(id=f"{k}-{n}", audio=clips[n]) for k in range(8) for n in speech]
+    jobs = [AsrJob(id=f"{k}-{n}", audio=clips[n], whisper=GREEDY) for k in range(8) for n in speech]
     audio_s = sum(len(j.audio) for j in jobs) / 16000
     asr.peak_live = 0
     t = time.time(); list(asr.run(jobs)); together = time.time() - t
     t = time.time()
     for n in speech:
-        list(asr.run([AsrJob(id=n, audio=clips[n])]))
+        list(asr.run([AsrJob(id=n, audio=clips[n], whisper=GREEDY)]))
     one = time.time() - t
     row.update(together_s=round(together, 2), files=len(jobs), audio_s=round(audio_s, 1),
                audio_s_per_s=round(audio_s / together, 1), peak_live=asr.peak_live,

@@ -39,6 +39,7 @@ class AsrJob:
     text_sampling: Sampling = GREEDY
     seed: int | None = None
     max_tokens: int = 256
+    whisper: object | None = None  # speechctl.asr.WhisperOptions (Whisper: beam search, fallback, ...)
     task = "asr"
 
 
@@ -87,6 +88,7 @@ class AsrResult:
     error: str | None = None
     segments: list | None = None  # Whisper: [speechctl.asr.segments.Segment] with start/end seconds
     tokens: list | None = None  # Whisper: generated token ids of each window
+    language: str | None = None  # Whisper: the language code (given or detected)
     task = "asr"
 
 

@@ -25,7 +25,7 @@ from speechctl.errors import InputError
 RESULTS_FILE = "results.jsonl"
 TASKS = ("tts", "asr")
 TTS_FORMATS = ("wav", "flac")
-ASR_FORMATS = ("txt", "json")
+ASR_FORMATS = ("txt", "json", "srt", "vtt")
 MAX_ID_CHARS = 200
 _ID_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
 _ID_IN_BROKEN_JSON = re.compile(r'"id"\s*:\s*"([^"\\]{1,200})"')

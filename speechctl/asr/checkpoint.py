@@ -1,11 +1,18 @@
 """Which Whisper checkpoints speechctl runs: the built-in ``whisper-tiny.en`` (converted on first
-use from the bundled CTranslate2 weights into the cache) or a Hugging Face Whisper directory."""
+use from the bundled CTranslate2 weights into the cache) or any Whisper checkpoint directory in
+Hugging Face format (``WhisperForConditionalGeneration``: English-only or multilingual, 80 or 128
+mel bins, any number of decoder layers: tiny ... large-v3, turbo, distil), given as a directory or
+by hub id (``openai/whisper-tiny.en``, ``ORG/NAME@REVISION``) from the Hugging Face cache
+(``speechctl.models.hub``: ``HF_HUB_CACHE``/``HF_HOME``, ``HF_HUB_OFFLINE``; online, only the files
+a checkpoint needs are fetched). ``resolve_whisper`` is the one place that turns a model name into
+a directory."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import speechctl.models.hub as hub
 from speechctl.errors import ModelError
 
 DEFAULT_ASR_MODEL = "whisper-tiny.en"
@@ -48,18 +55,85 @@ def ensure_whisper(name: str = DEFAULT_ASR_MODEL) -> Path:
     return cached_model(f"{name}-{SOURCE_PACKAGE}-{version}-c{CONVERTER_VERSION}", build, marker="speechctl.json")
 
 
-def whisper_dir(model: str | Path | None) -> Path | None:
-    """The checkpoint directory if ``model`` names a Whisper model (None = the default ASR model);
-    None if it names something else (a speech-LM name or directory)."""
+# Files a Hugging Face Whisper directory needs besides config.json (vLLM loads the tokenizer and
+# the feature extractor from them).
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+REQUIRED_FILES = ("preprocessor_config.json",)
+
+
+def resolve_whisper(model: str | Path | None) -> Path:
+    """The checkpoint directory of the Whisper model ``model`` names: None or a built-in name ->
+    the converted built-in; a directory holding a Hugging Face Whisper checkpoint -> itself; a hub
+    id -> its snapshot in the Hugging Face cache. Raises ModelError (one line, naming the model
+    and what is wrong) otherwise."""
     if model is None or str(model) in BUILTIN:
         return ensure_whisper(str(model) if model is not None else DEFAULT_ASR_MODEL)
     path = Path(model).expanduser()
-    return path if is_whisper_dir(path) else None
+    if not path.exists() and hub.is_hub_id(str(model)):
+        try:
+            return checked_whisper_dir(hub.checkpoint_snapshot(str(model)), model)
+        except ModelError as e:
+            if "huggingface-cli download" in str(e):
+                raise
+            repo, revision = hub.split_hub_id(str(model))
+            raise ModelError(f"{e}; fetch it with `{hub.download_command(repo, revision)}`") from None
+    if not path.is_dir():
+        raise ModelError(f"{model}: not a Whisper model (a built-in name: {', '.join(BUILTIN)}; a checkpoint directory; or a hub id ORG/NAME)")
+    return checked_whisper_dir(path, model)
+
+
+def checked_whisper_dir(path: Path, model) -> Path:
+    """``path`` if it holds a Hugging Face Whisper checkpoint: config, tokenizer, feature
+    extractor and weights (chosen by transformers' rule); else ModelError naming what lacks."""
+    if not is_whisper_dir(path):
+        raise ModelError(f"{model}: config.json is not a WhisperForConditionalGeneration checkpoint")
+    problems = [f"no {f}" for f in REQUIRED_FILES if not (path / f).is_file()]
+    if not any(all((path / f).is_file() for f in files) for files in TOKENIZER_FILES):
+        problems.append("no tokenizer.json (or vocab.json + merges.txt)")
+    try:
+        whisper_weights(path)
+    except ModelError as e:
+        problems.append(str(e).removeprefix(f"{path}: "))
+    if problems:
+        raise ModelError(f"{model}: incomplete Whisper checkpoint: {'; '.join(problems)}")
+    return path
+
+
+def whisper_weights(path: Path):
+    """The weight files transformers would load from the Whisper directory ``path``
+    (``models.weights.select_weights``)."""
+    from speechctl.models.weights import select_weights
+
+    return select_weights(path, json.loads((Path(path) / "config.json").read_text()))
+
+
+def engine_dir(path: Path) -> Path:
+    """The directory vLLM loads for the Whisper checkpoint ``path``: itself, or a view without the
+    weight copies transformers would not read (vLLM's loader globs every ``*.safetensors``)."""
+    from speechctl.models.cache import cache_dir
+    from speechctl.models.weights import engine_view
+
+    return engine_view(path, whisper_weights(path), cache_dir() / "views")
+
+
+def whisper_dir(model: str | Path | None) -> Path | None:
+    """The checkpoint directory if ``model`` names a Whisper model (None = the default ASR model);
+    None if it names something else (a speech-LM name or directory)."""
+    return resolve_whisper(model) if is_whisper(model) else None
 
 
 def is_whisper(model: str | Path | None) -> bool:
-    """Whether ``model`` (None = the default) runs on the Whisper path; converts nothing."""
-    return model is None or str(model) in BUILTIN or is_whisper_dir(Path(model).expanduser())
+    """Whether ``model`` (None = the default) runs on the Whisper path; converts nothing. A hub
+    id is looked up by its config.json alone (ModelError where the cache lacks it and downloads
+    are off)."""
+    if model is None or str(model) in BUILTIN:
+        return True
+    path = Path(model).expanduser()
+    if not path.exists() and hub.is_hub_id(str(model)):
+        # Offline the cache has it or not (and the error names the whole download); online,
+        # config.json alone says.
+        path = hub.snapshot(str(model), None if hub.offline() else ["config.json"])
+    return is_whisper_dir(path)
 
 
 def is_whisper_dir(path: Path) -> bool:
@@ -76,11 +150,13 @@ def describe(model: str | Path | None) -> dict:
     if path is None:
         raise ModelError(f"{model}: not a Whisper model")
     config = json.loads((path / "config.json").read_text())
+    multilingual = config["vocab_size"] >= 51865
     info = {
         "name": str(model or DEFAULT_ASR_MODEL),
         "path": str(path),
         "architecture": ARCHITECTURE,
-        "task": "asr (English)",
+        "task": "asr, translation to English (multilingual)" if multilingual else "asr (English)",
+        "mel_bins": config.get("num_mel_bins", 80),
         "encoder": f"{config['encoder_layers']} layers, {config['encoder_attention_heads']} heads",
         "decoder": f"{config['decoder_layers']} layers, {config['decoder_attention_heads']} heads",
         "hidden_size": config["d_model"],
@@ -89,6 +165,9 @@ def describe(model: str | Path | None) -> dict:
         "window_seconds": 30,
         "dtype": config.get("dtype"),
     }
+    weights = whisper_weights(path)
+    info["weights"] = f"{', '.join(weights.chosen)} (by {weights.rule})"
+    info["weights_ignored"] = ", ".join(weights.ignored) or "none"
     provenance = path / "speechctl.json"
     if provenance.is_file():
         record = json.loads(provenance.read_text())

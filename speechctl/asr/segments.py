@@ -7,15 +7,18 @@ speech with pauses the cuts fall between words, so no word is split between two 
 lost, none is transcribed twice); only speech with no pause for 10 s could be cut inside a word.
 Windows whose every 10 ms frame is below -60 dBFS are silent and are not transcribed at all.
 
-Timestamps are per window (Whisper's own timestamp tokens are not used): a segment spans the
-window's audible part (frames within 40 dB of its loudest, padded by 0.1 s).
+Segment timestamps come from Whisper's timestamp tokens (:func:`transcript.token_segments`);
+decoded without them (``--without-timestamps``), a segment spans its window's audible part (frames
+within 40 dB of its loudest, padded by 0.1 s). Words (``--word-timestamps``) carry their own
+times: in json as a list per segment, in srt/vtt as cues of at most 42 characters timed by their
+words (vtt also marks each word's start inside the cue).
 """
 
 from __future__ import annotations
 
 import json
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,14 +42,35 @@ class Window:
     speech_end: int
 
 
-@dataclass(frozen=True)
+@dataclass
+class Word:
+    word: str  # with its leading space, as Whisper spells it
+    start: float
+    end: float
+    probability: float
+
+    def to_dict(self) -> dict:
+        return {"word": self.word, "start": round(self.start, 2), "end": round(self.end, 2),
+                "probability": round(float(self.probability), 4)}
+
+
+@dataclass
 class Segment:
     start: float  # seconds
     end: float
     text: str
+    tokens: list[int] = field(default_factory=list, repr=False)  # Whisper: its tokens (timestamps too)
+    words: list[Word] | None = None  # with --word-timestamps
+    avg_logprob: float | None = None  # the window's decoding (OpenAI's segment fields)
+    no_speech_prob: float | None = None
+    temperature: float | None = None
+    compression_ratio: float | None = None
 
     def to_dict(self) -> dict:
-        return {"start": round(self.start, 2), "end": round(self.end, 2), "text": self.text}
+        record = {"start": round(self.start, 2), "end": round(self.end, 2), "text": self.text}
+        if self.words is not None:
+            record["words"] = [w.to_dict() for w in self.words]
+        return record
 
 
 def frame_rms(audio: np.ndarray, frame: int = FRAME) -> np.ndarray:
@@ -121,33 +145,59 @@ FORMATS = ("txt", "json", "srt", "vtt")
 
 
 def to_srt(segments: list[Segment]) -> str:
-    cues = [s for s in segments if s.text]
-    return "".join(
-        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{_wrap(s.text)}\n\n" for i, s in enumerate(cues, 1)
-    )
+    return "".join(f"{i}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{text}\n\n" for i, (a, b, text) in enumerate(_cues(segments), 1))
 
 
 def to_vtt(segments: list[Segment]) -> str:
-    cues = [s for s in segments if s.text]
-    return "WEBVTT\n\n" + "".join(f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{_wrap(s.text)}\n\n" for s in cues)
+    return "WEBVTT\n\n" + "".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n\n" for a, b, text in _cues(segments, True))
 
 
-def to_record(name: str, text: str | None, segments: list[Segment] | None, error: str | None, duration: float | None = None) -> dict:
+def _cues(segments: list[Segment], inline: bool = False) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each subtitle cue: a segment, wrapped at 42 characters; with words,
+    a line of at most 42 characters of words, timed by them (``inline``: WebVTT timestamp tags
+    before each word after the first)."""
+    cues = []
+    for s in segments:
+        if not s.text:
+            continue
+        words = [w for w in (s.words or []) if w.word.strip()]
+        if not words:
+            cues.append((s.start, s.end, _wrap(s.text)))
+            continue
+        line: list[Word] = []
+        for w in words + [None]:
+            if line and (w is None or len("".join(x.word for x in line + [w]).strip()) > LINE_CHARS):
+                if inline:
+                    text = line[0].word.strip() + "".join(f"<{_clock(x.start, '.')}>{x.word}" for x in line[1:])
+                else:
+                    text = "".join(x.word for x in line).strip()
+                cues.append((line[0].start, line[-1].end, text))
+                line = []
+            if w is not None:
+                line.append(w)
+    return cues
+
+
+def to_record(name: str, text: str | None, segments: list[Segment] | None, error: str | None, duration: float | None = None,
+              language: str | None = None) -> dict:
     """The JSON record of one input."""
     record = {"file": name, "text": text, "error": error}
     if duration is not None:
         record["duration"] = round(duration, 3)
+    if language is not None:
+        record["language"] = language
     if segments is not None:
         record["segments"] = [s.to_dict() for s in segments if s.text]
     return record
 
 
-def render(fmt: str, text: str, segments: list[Segment], name: str = "", duration: float | None = None) -> str:
+def render(fmt: str, text: str, segments: list[Segment], name: str = "", duration: float | None = None,
+           language: str | None = None) -> str:
     """One input's transcript in ``fmt``, ending with a newline."""
     if fmt == "txt":
         return text + "\n"
     if fmt == "json":
-        return json.dumps(to_record(name, text, segments, None, duration), ensure_ascii=False, indent=2) + "\n"
+        return json.dumps(to_record(name, text, segments, None, duration, language), ensure_ascii=False, indent=2) + "\n"
     if fmt == "srt":
         return to_srt(segments)
     if fmt == "vtt":

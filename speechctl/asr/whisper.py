@@ -2,23 +2,34 @@
 
     from speechctl.asr import WhisperAsr
     asr = WhisperAsr()                          # whisper-tiny.en (converted on first use)
-    result = asr.asr(waveform_16k)              # AsrResult: .text, .segments
+    result = asr.asr(waveform_16k)              # AsrResult: .text, .segments, .language
     for r in asr.run(jobs): ...                 # AsrJob/FailedJob in, AsrResult out, as they finish
 
 One in-process vLLM engine (``vllm.LLM``) runs every window of every input with continuous
-batching: inputs are pulled lazily, their windows queued so that the engine always has up to
-``2 * max_num_seqs`` windows, and a result is yielded as soon as all windows of its input are
-done. Each window is an encoder-decoder prompt: the audio as the encoder's multimodal input (vLLM
-computes the log-mel features with transformers' WhisperFeatureExtractor and pads to 30 s), the
-decoder prompt ``<|startoftranscript|><|notimestamps|>`` (English-only models take no language
-or task token). Greedy by default; :class:`WhisperSuppress` applies Whisper's token suppression,
-so the tokens are those of transformers' ``generate``.
+batching. A window's decoding is a *group* of requests (*lanes*): one (greedy), B (beam search),
+or best_of (sampling at a temperature); a lane is an encoder-decoder request whose decoder
+prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token is chosen by
+:class:`speechctl.asr.decoder.WhisperDecoding`, a vLLM logits processor: the language/task/
+<|notimestamps|> tokens are forced, the rest follows Whisper's rules and the group's search.
+
+* **Encoder once per window.** The lanes of a window share one multimodal input; vLLM would
+  encode it once per lane (and again for every fallback attempt), so an
+  :class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's encoder
+  (``vllm_compat.share_mm_encoder``) hands identical inputs one encoder pass.
+* **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
+  lane that continues another lane's history gets that lane's self-attention KV blocks copied
+  (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
+  the next step can take all of its lanes (sequences, token and encoder budgets, read from vLLM's
+  scheduler), and a group whose lanes fall out of step anyway is decoded again.
+* **Fallback in the batch.** A result that needs the next temperature becomes a new group in the
+  same loop; nothing waits for it but its own input.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,32 +38,38 @@ from pathlib import Path
 import numpy as np
 
 from speechctl.accelerator import has_cuda
-from speechctl.asr.segments import MAX_SECONDS, RATE, Window, join_text, plan_windows, segment
+from speechctl.asr.segments import MAX_SECONDS, RATE, join_text, plan_windows
 from speechctl.errors import SpeechctlError
 
+logger = logging.getLogger(__name__)
 ENCODER_POSITIONS = 1500  # 30 s of audio after the encoder's stride-2 convolution
+MAX_RESTARTS = 3
 
 
 @dataclass
 class WhisperConfig:
     """How to run vLLM for Whisper. ``None`` means: chosen for the platform."""
 
-    max_num_seqs: int = 64
+    max_num_seqs: int = 64  # lanes (vLLM sequences): windows x beam size at once
     dtype: str = "auto"  # auto: float32 on CPU (exactly transformers' numbers), float16 on GPU
-    kv_cache_bytes: int | None = None  # default: room for max_num_seqs windows (explicit, so
+    kv_cache_bytes: int | None = None  # default: room for max_num_seqs lanes (explicit, so
     # that engines of one process do not count each other's memory)
-    max_num_batched_tokens: int | None = None  # CPU default: one encoder input per step
+    max_num_batched_tokens: int | None = None  # default: max_group encoder inputs per step
+    max_group: int = 8  # largest beam size / best-of a job may ask for
     gpu_memory_utilization: float | None = None
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
+    align_batch: int = 8  # windows per word-timestamp pass
+    default_options: object | None = None  # WhisperOptions for jobs without any (None: OpenAI's defaults)
 
     def engine_args(self, model_dir: Path, on_gpu: bool) -> dict:
-        from speechctl.asr.suppress import WhisperSuppress
+        from speechctl.asr.decoder import WhisperDecoding
 
         config = json.loads((model_dir / "config.json").read_text())
         dtype = self.dtype
         if dtype == "auto" and not on_gpu:
             dtype = "float32"
+        group_tokens = config["max_source_positions"] * self.max_group
         args = dict(
             model=str(model_dir),
             dtype=dtype,
@@ -61,24 +78,24 @@ class WhisperConfig:
             limit_mm_per_prompt={"audio": 1},
             enforce_eager=(not on_gpu) if self.enforce_eager is None else self.enforce_eager,
             seed=self.seed,
-            logits_processors=[WhisperSuppress],
+            logits_processors=[WhisperDecoding],
             use_tqdm_on_load=False,
             kv_cache_memory_bytes=self.kv_cache_bytes or kv_bytes_per_window(config, dtype) * self.max_num_seqs,
+            # A group's lanes are added between two steps and must all run in the next one.
+            async_scheduling=False,
+            # Each lane of a group is an encoder input to vLLM's scheduler (the encoder runs once):
+            # one step must be able to take max_group of them.
+            max_num_batched_tokens=self.max_num_batched_tokens or (max(16384, group_tokens) if on_gpu else group_tokens),
         )
-        # On CPU vLLM pads every step to max_num_batched_tokens: keep it at one encoder input
-        # (the minimum Whisper accepts); the GPU default batches several.
-        tokens = self.max_num_batched_tokens or (None if on_gpu else config["max_source_positions"])
-        if tokens is not None:
-            args["max_num_batched_tokens"] = tokens
         if self.gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = self.gpu_memory_utilization
         return args
 
 
 def kv_bytes_per_window(config: dict, dtype: str) -> int:
-    """KV cache of one window: keys and values of every decoder layer for the cross-attention
-    over the encoder positions (1500) and the self-attention over the decoder context (448),
-    each rounded up to 128-token blocks (about 25 MB in float32 for tiny)."""
+    """KV cache of one lane: keys and values of every decoder layer for the cross-attention over
+    the encoder positions (1500) and the self-attention over the decoder context (448), each
+    rounded up to 128-token blocks (about 25 MB in float32 for tiny)."""
     itemsize = 4 if dtype == "float32" else 2
     blocks = -(-config["max_source_positions"] // 128) + -(-config["max_target_positions"] // 128)
     positions = 128 * blocks
@@ -86,18 +103,18 @@ def kv_bytes_per_window(config: dict, dtype: str) -> int:
 
 
 @dataclass
-class _Input:
-    """One job in flight: its windows and the transcripts that came back."""
+class _Group:
+    """One window's decoding at one temperature, in the engine."""
 
-    job: object
-    windows: list[Window]
-    texts: dict[int, str] = field(default_factory=dict)
-    tokens: dict[int, list[int]] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.error is not None or len(self.texts) == len(self.windows)
+    state: object  # transcript.InputState
+    window: int
+    temperature: float
+    mode: int
+    slots: list[int]
+    forced: tuple[int, ...]
+    keys: list[str] = field(default_factory=list)
+    outputs: dict = field(default_factory=dict)  # lane -> token ids
+    beam: object = None  # beam.BeamGroup
 
 
 class WhisperAsr:
@@ -108,29 +125,44 @@ class WhisperAsr:
     sample_rate = RATE
 
     def __init__(self, model: str | Path | None = None, config: WhisperConfig | None = None):
-        from speechctl.asr.checkpoint import whisper_dir
+        from speechctl.asr.checkpoint import DEFAULT_ASR_MODEL, engine_dir, resolve_whisper
+        from speechctl.asr.decoder import WhisperDecoding
+        from speechctl.asr.encoder_cache import EncoderCache
+        from speechctl.asr.vocab import load_vocab
         from speechctl.engine import vllm_compat
 
         vllm_compat.check_vllm_version()
         vllm_compat.apply_engine_environment()
         from vllm import LLM
 
-        self.model_dir = whisper_dir(model)
-        if self.model_dir is None:
-            raise SpeechctlError(f"{model}: not a Whisper model")
+        self.name = str(model or DEFAULT_ASR_MODEL)
+        self.model_dir = resolve_whisper(model)
         self.config = config or WhisperConfig()
-        args = self.config.engine_args(self.model_dir, has_cuda())
+        self.on_gpu = has_cuda()
+        args = self.config.engine_args(engine_dir(self.model_dir), self.on_gpu)
+        vllm_compat.keep_whisper_decoder_prompts()
         with vllm_compat.other_engines_keep_their_graphs():
             self._llm = LLM(**args)
         vllm_compat.track_engine(self._llm.llm_engine)
         self._engine = self._llm.llm_engine
         self.tokenizer = self._llm.get_tokenizer()
-        vocab = self.tokenizer.get_vocab()
-        self.prompt = [vocab["<|startoftranscript|>"], vocab["<|notimestamps|>"]]
-        self.eot = vocab["<|endoftext|>"]
-        self.max_tokens = json.loads((self.model_dir / "config.json").read_text())["max_target_positions"] - len(self.prompt)
+        self.vocab = load_vocab(self.model_dir, self.tokenizer)
+        self.hf_config = json.loads((self.model_dir / "config.json").read_text())
+        self.eot = self.vocab.eot
+        self.max_positions = self.hf_config["max_target_positions"]
+        self.encoder_positions = self.hf_config["max_source_positions"]
+        runner = vllm_compat.engine_runner(self._engine)
+        self.decoding = vllm_compat.runner_logits_processor(runner, WhisperDecoding)
+        self.decoding.kv = vllm_compat.SelfAttentionKv(runner)
+        self.encoder = vllm_compat.share_mm_encoder(runner, EncoderCache(capacity=2 * self.config.max_num_seqs))
+        self.budgets = vllm_compat.scheduler_budgets(self._engine)
+        self.max_group = min(self.config.max_group, self.budgets["encoder_tokens"] // self.encoder_positions, self.budgets["sequences"])
+        self._free_slots = list(range(self.decoding.capacity))
         self._ids = itertools.count()
-        self.peak_live = 0  # most windows in the engine at once (batching, for tests and stats)
+        self._keys = itertools.count()
+        self._aligner = None
+        self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
+        self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0}
 
     # -- one-shot -------------------------------------------------------------------------------
 
@@ -144,110 +176,332 @@ class WhisperAsr:
 
     # -- many jobs ------------------------------------------------------------------------------
 
-    def run(self, jobs: Iterable, max_window: float = MAX_SECONDS) -> Iterator:
+    def run(self, jobs: Iterable, max_window: float = MAX_SECONDS, max_lanes: int | None = None) -> Iterator:
         """Transcribe ``AsrJob``s (16 kHz audio) and pass ``FailedJob``s through; yield
         ``AsrResult``s (with ``segments``) in the order they finish. Inputs longer than
-        ``max_window`` seconds are cut into windows (:func:`plan_windows`)."""
+        ``max_window`` seconds are cut into windows (:func:`plan_windows`). ``max_lanes`` caps
+        the sequences in the engine at once (default: all it takes), e.g. for a benchmark of one
+        engine at several batch sizes."""
         from speechctl.jobs import AsrResult, FailedJob
 
         pending = iter(jobs)
-        windows: deque[tuple[_Input, int]] = deque()  # windows not yet in the engine
-        live: dict[str, tuple[_Input, int]] = {}
+        ready: deque[tuple] = deque()  # (state, window, temperature index) not yet in the engine
+        live: dict[str, tuple[_Group, int]] = {}  # request id -> (group, lane)
+        inputs: list = []  # inputs in flight
+        to_align: list = []  # decoded inputs waiting for their word timestamps
         exhausted = False
-        budget = 2 * self.config.max_num_seqs
+        budget = 2 * self.config.max_num_seqs  # windows in flight
         try:
             while True:
-                while not exhausted and len(windows) + len(live) < budget:
+                while not exhausted and sum(s.open_windows for s in inputs) < budget:
                     job = next(pending, None)
                     if job is None:
                         exhausted = True
                     elif isinstance(job, FailedJob):
                         yield AsrResult(job.id, None, error=job.error)
                     else:
-                        item = self._plan(job, max_window)
-                        if item.done:
-                            yield self._result(item)
-                        windows.extend((item, i) for i in range(len(item.windows)))
-                while windows and len(live) < budget:
-                    item, i = windows.popleft()
-                    if item.error is None:
-                        self._submit(item, i, live)
-                        if item.error is not None:
-                            yield self._result(item)
+                        state = self._plan(job, max_window)
+                        if state.done:
+                            yield from self._finish([state], to_align)
+                        else:
+                            inputs.append(state)
+                            self._queue(state, ready)
+                self._admit(ready, live, max_lanes)
+                for state in [s for s in inputs if s.done]:  # failed while being added
+                    inputs.remove(state)
+                    yield from self._finish([state], to_align)
                 if not live:
-                    if exhausted and not windows:
+                    if to_align:
+                        yield from self._flush_alignment(to_align)
+                        continue
+                    if exhausted and not ready and not inputs:
                         return
+                    if ready:  # pragma: no cover - the budgets admit any group on an idle engine
+                        state, w, _ = ready.popleft()
+                        state.error = f"{state.job.id}: window {w} does not fit the engine's budgets {self.budgets}"
                     continue
                 self.peak_live = max(self.peak_live, len(live))
                 for out in self._engine.step():
                     if not out.finished or out.request_id not in live:
                         continue
-                    item, i = live.pop(out.request_id)
-                    ids = [t for t in out.outputs[0].token_ids if t != self.eot]
-                    item.tokens[i] = ids
-                    item.texts[i] = self.decode(ids)
-                    if item.done and item.error is None:
-                        yield self._result(item)
+                    group, lane = live.pop(out.request_id)
+                    group.outputs[lane] = list(out.outputs[0].token_ids)
+                    if len(group.outputs) == len(group.slots):
+                        self._group_done(group, ready)
+                finished = [s for s in inputs if s.done]
+                for state in finished:
+                    inputs.remove(state)
+                yield from self._finish(finished, to_align)
+                if len(to_align) >= self.config.align_batch or (to_align and not live and not ready):
+                    yield from self._flush_alignment(to_align)
         finally:  # the caller stopped early (or failed): leave nothing running in the engine
             if live:
                 self._engine.abort_request(list(live))
+                slots = {s for g, _ in live.values() for s in g.slots}
+                self.decoding.close_lanes(slots)
+                self._free_slots.extend(slots)
+
+    @staticmethod
+    def _queue(state, ready: deque) -> None:
+        for w in state.ready():
+            state.started.add(w)
+            ready.append((state, w, 0))
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def _plan(self, job, max_window: float):
+        from speechctl.asr.options import resolve_options
+        from speechctl.asr.transcript import InputState
+
+        from speechctl.asr.options import WhisperOptions
+
+        def failed(message: str):
+            return InputState(job, [], WhisperOptions(), self.vocab, 1, error=f"{job.id}: {message}")
+
+        audio = getattr(job, "audio", None)
+        if audio is None or len(audio) == 0:
+            return failed("empty audio")
+        try:
+            options = resolve_options(job, self.config.default_options)
+            self._check_options(options)
+            windows = plan_windows(np.asarray(audio, dtype=np.float32), RATE, max_window)
+            state = InputState(job, windows, options, self.vocab, max(1, job.max_tokens))
+        except ValueError as e:
+            return failed(str(e))
+        state.start_prompt(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        return state
+
+    def _check_options(self, options) -> None:
+        v = self.vocab
+        if not v.multilingual:
+            if options.language not in (None, "en"):
+                raise ValueError(f"language {options.language!r}: {self.name} is an English-only model")
+            if options.task == "translate":
+                raise ValueError(f"--task translate: {self.name} is an English-only model (it cannot translate)")
+        elif options.language is not None:
+            v.language_token(options.language)
+        widest = max(options.beam_size if 0.0 in options.temperatures else 1,
+                     options.best_of if any(t > 0 for t in options.temperatures) else 1)
+        if widest > self.max_group:
+            raise ValueError(f"beam size / best-of {widest} is more than this engine takes per window ({self.max_group}; WhisperConfig.max_group)")
+
+    def _group_for(self, state, w: int, t_index: int) -> tuple[_Group, list[int], int]:
+        from speechctl.asr.beam import BeamGroup
+        from speechctl.asr.decoder import BEAM, DETECT, GREEDY, SAMPLE
+
+        options, v = state.options, self.vocab
+        temperature = options.temperatures[t_index]
+        prompt = state.prompt()
+        decoder_prompt = ([v.sot_prev] + prompt if prompt else []) + [v.sot]
+        forced: list[int] = []
+        if v.multilingual:
+            forced += [state.language if state.language is not None else DETECT,
+                       v.translate if options.task == "translate" else v.transcribe]
+        if not options.timestamps:
+            forced.append(v.no_timestamps)
+        if temperature > 0:
+            mode, lanes = SAMPLE, options.best_of
+        elif options.beam_size > 1:
+            mode, lanes = BEAM, options.beam_size
+        else:
+            mode, lanes = GREEDY, 1
+        room = self.max_positions - len(decoder_prompt) - len(forced)
+        sample_len = max(1, min(state.max_tokens, room))
+        group = _Group(state, w, temperature, mode, [], tuple(forced))
+        if mode == BEAM:
+            group.beam = BeamGroup(lanes, options.max_candidates, options.length_penalty, sample_len, self.eot)
+        return group, decoder_prompt, sample_len
+
+    def _admit(self, ready: deque, live: dict, max_lanes: int | None = None) -> bool:
+        """Add groups from ``ready`` while the next step can take all of their lanes."""
+        b = self.budgets
+        seqs = min(b["sequences"], max_lanes or b["sequences"]) - len(live)
+        tokens = b["tokens"] - len(live)
+        encoder = b["encoder_tokens"]
+        admitted = False
+        while ready:
+            state, w, t_index = ready[0]
+            if state.error is not None:
+                ready.popleft()
+                continue
+            group, prompt, sample_len = self._group_for(state, w, t_index)
+            n = group.beam.size if group.beam is not None else (state.options.best_of if group.temperature > 0 else 1)
+            if n > seqs or n * len(prompt) > tokens or n * self.encoder_positions > encoder or n > len(self._free_slots):
+                break
+            ready.popleft()
+            seqs, tokens, encoder = seqs - n, tokens - n * len(prompt), encoder - n * self.encoder_positions
+            self._submit(group, prompt, sample_len, n, live)
+            admitted = True
+        return admitted
+
+    def _submit(self, group: _Group, prompt: list[int], sample_len: int, n: int, live: dict) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from speechctl.asr.decoder import SLOT_KEY, LaneSpec
+        from speechctl.engine import vllm_compat
+
+        state, options = group.state, group.state.options
+        slots = [self._free_slots.pop() for _ in range(n)]
+        group.slots = slots
+        seed = state.job.seed if getattr(state.job, "seed", None) is not None else self.config.seed
+        base_key = hash((seed, state.job.id, group.window, group.temperature)) & 0x7FFFFFFFFFFFFFFF
+        specs = {}
+        for lane, slot in enumerate(slots):
+            specs[slot] = LaneSpec(
+                mode=group.mode, forced=group.forced, prompt_len=len(prompt), temperature=group.temperature,
+                top_k=options.top_k, top_p=options.top_p, key=base_key + lane, timestamps=options.timestamps,
+                suppress_blank=options.suppress_blank,
+                max_initial=-1 if options.max_initial_timestamp is None else round(options.max_initial_timestamp / 0.02),
+                group=group.beam, lane=lane, lane0_slot=slots[0],
+            )
+        self.decoding.open_lanes(specs)
+        audio = state.window_audio(group.window)
+        encoder_prompt = {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}}
+        extra = len(group.forced) + sample_len
+        self.stats["groups"] += 1
+        for lane, slot in enumerate(slots):
+            key = f"w{next(self._ids)}"
+            params = SamplingParams(
+                temperature=0.0, max_tokens=extra, stop_token_ids=[self.eot], detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY, extra_args={SLOT_KEY: slot},
+            )
+            try:
+                self._engine.add_request(key, {"encoder_prompt": encoder_prompt, "decoder_prompt": {"prompt_token_ids": list(prompt)}}, params)
+            except vllm_compat.REQUEST_ERRORS as e:
+                state.error = f"{state.job.id}: {str(e).splitlines()[0]}"
+                if group.keys:
+                    self._engine.abort_request(group.keys)
+                for k in group.keys:
+                    live.pop(k, None)
+                self.decoding.close_lanes(slots)
+                self._free_slots.extend(slots)
+                return
+            group.keys.append(key)
+            live[key] = (group, lane)
+
+    # -- results ----------------------------------------------------------------------------------
+
+    def _group_done(self, group: _Group, ready: deque) -> None:
+        from speechctl.asr.beam import rank
+        from speechctl.asr.decoder import DETECT
+        from speechctl.asr.transcript import DecodeResult
+
+        state, v = group.state, self.vocab
+        lanes = self.decoding.close_lanes(group.slots)
+        self._free_slots.extend(group.slots)
+        nf = len(group.forced)
+        t_index = state.options.temperatures.index(group.temperature) if group.temperature in state.options.temperatures else 0
+        if group.beam is not None and (group.beam.broken or not group.beam.done):
+            # Its lanes did not all run in the same steps: vLLM scheduled less than the planner
+            # expected. Decode the window again, and expect less of each step from now on.
+            self.stats["restarts"] += 1
+            state.restarts[group.window] = restarts = state.restarts.get(group.window, 0) + 1
+            floor = self.encoder_positions * group.beam.size
+            self.budgets["encoder_tokens"] = max(floor, self.budgets["encoder_tokens"] // 2)
+            logger.warning("Whisper: the beams of %s window %d fell out of step; decoding it again (encoder budget now %d)",
+                           state.job.id, group.window, self.budgets["encoder_tokens"])
+            if restarts > MAX_RESTARTS:
+                state.error = f"{state.job.id}: window {group.window}: the beams could not be kept in step"
+                return
+            ready.appendleft((state, group.window, t_index))
+            return
+        outputs = [group.outputs[i] for i in range(len(group.slots))]
+        for out, steps in zip(outputs, lanes["steps"]):
+            if group.beam is None and steps != len(out):
+                raise RuntimeError(f"Whisper lane took {steps} steps but vLLM returned {len(out)} tokens")
+        language = state.language
+        if v.multilingual and group.forced and group.forced[0] == DETECT:
+            language = outputs[0][0]
+        if group.beam is not None:
+            tokens, sum_logprob = group.beam.result
+        else:
+            candidates = [self._free_tokens(out, nf) for out in outputs]
+            best = 0 if len(candidates) == 1 else rank(candidates, lanes["sum_logprob"], state.options.length_penalty)
+            tokens, sum_logprob = candidates[best], lanes["sum_logprob"][best]
+        result = DecodeResult(tokens, float(sum_logprob), group.temperature, float(lanes["no_speech"][0]),
+                              self.decode(tokens), language)
+        next_t = state.accept(group.window, result, self.decode)
+        if next_t is not None:
+            self.stats["fallbacks"] += 1
+            ready.appendleft((state, group.window, next_t))
+            return
+        self._queue(state, ready)
+
+    def _free_tokens(self, out: list[int], nf: int) -> list[int]:
+        free = out[nf:]
+        return free[: free.index(self.eot)] if self.eot in free else free
 
     def decode(self, ids: list[int]) -> str:
         """Text of generated token ids (timestamp and other special tokens dropped)."""
         return self.tokenizer.decode([t for t in ids if t < self.eot]).strip()
 
-    def _plan(self, job, max_window: float) -> _Input:
-        audio = getattr(job, "audio", None)
-        if audio is None or len(audio) == 0:
-            return _Input(job, [], error=f"{job.id}: empty audio")
-        try:
-            windows = plan_windows(np.asarray(audio, dtype=np.float32), RATE, max_window)
-        except ValueError as e:
-            return _Input(job, [], error=f"{job.id}: {e}")
-        return _Input(job, windows)
+    def _finish(self, states: list, to_align: list) -> Iterator:
+        for state in states:
+            if state.error is None and state.options.word_timestamps and any(s for s in state.segments):
+                to_align.append(state)
+            else:
+                yield self._result(state)
 
-    def _submit(self, item: _Input, i: int, live: dict) -> None:
-        from speechctl.engine import vllm_compat
+    def _flush_alignment(self, to_align: list) -> Iterator:
+        states = list(to_align)
+        to_align.clear()
+        self._align(states)
+        for state in states:
+            yield self._result(state)
 
-        job, window = item.job, item.windows[i]
-        key = f"w{next(self._ids)}"
-        audio = np.ascontiguousarray(job.audio[window.start : window.end], dtype=np.float32)
-        prompt = {
-            "encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}},
-            "decoder_prompt": {"prompt_token_ids": list(self.prompt)},
-        }
-        try:
-            self._engine.add_request(key, prompt, self._sampling(job, i))
-        except vllm_compat.REQUEST_ERRORS as e:
-            item.error = f"{job.id}: {str(e).splitlines()[0]}"
-            return
-        live[key] = (item, i)
-
-    def _sampling(self, job, index: int):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        text = job.text_sampling
-        seed = None if job.seed is None or text.temperature == 0 else job.seed + index
-        return SamplingParams(
-            temperature=text.temperature,
-            top_k=text.top_k if text.top_k > 0 else -1,
-            top_p=text.top_p,
-            seed=seed,
-            max_tokens=max(1, min(job.max_tokens, self.max_tokens)),
-            stop_token_ids=[self.eot],
-            detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
-
-    def _result(self, item: _Input):
+    def _result(self, state):
         from speechctl.jobs import AsrResult
 
-        if item.error is not None:
-            return AsrResult(item.job.id, None, error=item.error)
-        segments = [segment(w, item.texts[i]) for i, w in enumerate(item.windows)]
-        segments = [s for s in segments if s.text]
-        return AsrResult(item.job.id, join_text(segments), segments=segments, tokens=[item.tokens[i] for i in range(len(item.windows))])
+        if state.error is not None:
+            return AsrResult(state.job.id, None, error=state.error)
+        segments = [s for segs in state.segments for s in (segs or []) if s.text]
+        tokens = [[] if skipped else (r.tokens if r is not None else []) for r, skipped in zip(state.final, state.skipped)]
+        return AsrResult(state.job.id, join_text(segments), segments=segments, tokens=tokens, language=self.language_code(state))
+
+    def language_code(self, state) -> str | None:
+        if not self.vocab.multilingual:
+            return "en"
+        return self.vocab.language_names.get(state.language) if state.language is not None else None
+
+    # -- word timestamps -------------------------------------------------------------------------
+
+    def aligner(self):
+        if self._aligner is None:
+            import torch
+
+            from speechctl.asr.timing import Aligner
+
+            dtype = torch.float16 if self.on_gpu and self.config.dtype in ("auto", "float16") else (
+                torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32)
+            self._aligner = Aligner(self.model_dir, self.vocab, self.tokenizer, "cuda" if self.on_gpu else "cpu", dtype,
+                                    batch=self.config.align_batch)
+        return self._aligner
+
+    def _align(self, states: list) -> None:
+        """Word timestamps for every decoded window of ``states``, in batched passes."""
+        from speechctl.asr.timing import AlignItem, place_words
+
+        aligner = self.aligner()
+        items, where = [], []
+        for state in states:
+            code = self.language_code(state)
+            for w, segments in enumerate(state.segments):
+                if not segments:
+                    continue
+                text = [t for s in segments for t in s.tokens if t < self.eot]
+                sot = self.vocab.sot_sequence(state.language, state.options.task) if self.vocab.multilingual else [self.vocab.sot]
+                items.append(AlignItem(state.window_audio(w), text, sot, code))
+                where.append((state, w))
+        alignments = aligner.align(items)
+        self.stats["aligned_windows"] += len(items)
+        last = {}
+        for (state, w), alignment in zip(where, alignments):
+            offset = state.windows[w].speech_start / RATE
+            last[id(state)] = place_words(state.segments[w], alignment, offset, last.get(id(state), 0.0), self.eot)
+            for s in state.segments[w]:
+                if s.start == s.end or not s.text.strip():
+                    s.text, s.words = "", []
 
     def close(self) -> None:
         llm = getattr(self, "_llm", None)
@@ -255,7 +509,7 @@ class WhisperAsr:
             from speechctl.engine import vllm_compat
 
             self._llm = self._engine = None
+            self._aligner = self.decoding = self.encoder = None  # they hold the runner's KV cache and model
             vllm_compat.stop_worker_processes(llm.llm_engine)
             del llm
             vllm_compat.collect_dropped_engines()
-

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -10,22 +11,89 @@ from speechctl.asr.segments import FORMATS  # numpy only: --help stays light
 from speechctl.cli.options import EngineChoice, quiet_libraries, sampling_options, user_errors
 
 
+class OptionalFloat(click.ParamType):
+    """A float, or "none" (the check is off), as OpenAI's CLI takes its thresholds."""
+
+    name = "FLOAT|none"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).lower() == "none":
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number or 'none'", param, ctx)
+
+
+def whisper_options(fn):
+    """Whisper's decoding options (OpenAI's ``transcribe`` / faster-whisper, their defaults)."""
+
+    @click.option("--language", default=None, metavar="CODE", help="Spoken language (en, de, ...); default: detected per file (multilingual models).")
+    @click.option("--task", type=click.Choice(["transcribe", "translate"]), default="transcribe", show_default=True, help="translate: into English (multilingual models).")
+    @click.option("--beam-size", type=click.IntRange(1), default=5, show_default=True, help="Beams at temperature 0 (1 = greedy).")
+    @click.option("--best-of", type=click.IntRange(1), default=5, show_default=True, help="Samples at a temperature above 0 (the fallback).")
+    @click.option("--patience", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True, help="Beam search stops after beam-size x patience finished beams.")
+    @click.option("--length-penalty", type=click.FloatRange(0, 1), default=None, help="Rank by sum / ((5 + length) / 6) ** VALUE (Google NMT) instead of sum / length.")
+    @click.option("--temperature-increment-on-fallback", "increment", type=OptionalFloat(), default="0.2", show_default=True, help="Decode a window again at temperature + this while it fails the checks below (none: never).")
+    @click.option("--compression-ratio-threshold", type=OptionalFloat(), default="2.4", show_default=True, help="Fallback when the text compresses better than this (gzip): repetition.")
+    @click.option("--logprob-threshold", type=OptionalFloat(), default="-1.0", show_default=True, help="Fallback when the average log-probability is lower.")
+    @click.option("--no-speech-threshold", type=OptionalFloat(), default="0.6", show_default=True, help="Drop a window whose no-speech probability is higher (and log-probability low).")
+    @click.option("--condition-on-previous-text/--no-condition-on-previous-text", default=True, show_default=True, help="Prompt each window with the text before it.")
+    @click.option("--initial-prompt", default=None, metavar="TEXT", help="Text that precedes the first window (vocabulary, spelling).")
+    @click.option("--without-timestamps", is_flag=True, help="Decode without Whisper's timestamp tokens (segments then span whole windows).")
+    @click.option("--word-timestamps", is_flag=True, help="Time every word (json: words per segment; srt/vtt: cues of words).")
+    @functools.wraps(fn)
+    def wrapper(*args, language, task, beam_size, best_of, patience, length_penalty, increment, compression_ratio_threshold,
+                logprob_threshold, no_speech_threshold, condition_on_previous_text, initial_prompt, without_timestamps,
+                word_timestamps, **kwargs):
+        kwargs["whisper"] = dict(
+            language=language, task=task, beam_size=beam_size, best_of=best_of, patience=patience,
+            length_penalty=length_penalty, increment=increment, compression_ratio_threshold=compression_ratio_threshold,
+            logprob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold,
+            condition_on_previous_text=condition_on_previous_text, initial_prompt=initial_prompt,
+            timestamps=not without_timestamps, word_timestamps=word_timestamps,
+        )
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def build_options(settings: dict, sampling):
+    """WhisperOptions from the command line (``--temperature`` starts the fallback schedule)."""
+    from speechctl.asr.options import WhisperOptions, temperature_schedule
+    from speechctl.errors import InputError
+
+    settings = dict(settings)
+    text = sampling.flags["generated"]  # --temperature/--top-k/--top-p: asr generates text
+    increment = settings.pop("increment")
+    try:
+        return WhisperOptions(temperatures=temperature_schedule(text.get("temperature") or 0.0, increment),
+                              top_k=text.get("top_k") or 0, top_p=text.get("top_p") or 1.0, **settings)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
 @click.command("asr")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
-@click.option("--model", "-m", default=None, metavar="NAME|DIR", help="whisper-tiny.en (default), a Whisper checkpoint directory, or a speech LM (tiny or a checkpoint directory).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="txt", show_default=True, help="json, srt and vtt carry segment timestamps (per window of at most --max-window seconds).")
+@click.option("--model", "-m", default=None, metavar="NAME|DIR|ORG/NAME", help="whisper-tiny.en (default), a Whisper checkpoint in Hugging Face format (a directory or a hub id such as openai/whisper-small, from the Hugging Face cache), or a speech LM.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="txt", show_default=True, help="json, srt and vtt carry timestamps (segments; words with --word-timestamps).")
 @click.option("--out-dir", "-o", type=click.Path(file_okay=False), default=None, help="Write OUT_DIR/<file name>.<format> per input instead of printing.")
 @click.option("--max-tokens", type=click.IntRange(1), default=None, help="Longest transcript, in tokens (Whisper: per window, at most 446).  [default: 256]")
-@click.option("--max-window", type=click.FloatRange(3, 30), default=30.0, show_default=True, help="Whisper: longest window in seconds; shorter windows give finer srt/vtt cues.")
-@click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Windows (Whisper) or requests decoded together.")
+@click.option("--max-window", type=click.FloatRange(3, 30), default=30.0, show_default=True, help="Whisper: longest window in seconds.")
+@click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Sequences decoded together (Whisper: windows x beams; speech LM: requests).")
 @click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Speech LMs: longest prompt + output, in steps.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
+@whisper_options
 @sampling_options
 @user_errors
-def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, max_model_len, dtype, verbose, sampling):
+def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, max_model_len, dtype, verbose, whisper, sampling):
     """Transcribe audio FILEs (- for stdin). Files that fail are reported; the rest still run.
 
+    Whisper decodes as OpenAI's whisper and faster-whisper do by default: beam search (5), a
+    temperature fallback, no-speech detection, each window prompted with the text before it.
     Long files are cut into windows of at most 30 s at pauses; silent stretches are skipped.
     """
     from speechctl.jobs import AsrJob, AsrResult, FailedJob
@@ -37,12 +105,14 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
     if fmt in ("srt", "vtt") and len(files) > 1 and out_dir is None:
         raise click.UsageError(f"--format {fmt} with several files needs --out-dir")
     quiet_libraries(verbose)
-    whisper = is_whisper(model)
+    uses_whisper = is_whisper(model)
     choice = EngineChoice(model, max_num_seqs, max_model_len, dtype)
-    rate = WhisperAsr.sample_rate if whisper else choice.sample_rate()
+    rate = WhisperAsr.sample_rate if uses_whisper else choice.sample_rate()
     options = sampling.job_options(task="asr")
     if max_tokens is not None:
         options["max_tokens"] = max_tokens
+    if uses_whisper:
+        options["whisper"] = build_options(whisper, sampling)
 
     # Job ids name the file (errors say which); a file given twice gets a #n suffix.
     ids = [path if files.index(path) == i else f"{path}#{i}" for i, path in enumerate(files)]
@@ -66,7 +136,7 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
             break
     if any(isinstance(job, AsrJob) for job in head):
         jobs_in = itertools.chain(head, pending)
-        if whisper:
+        if uses_whisper:
             results = choice.whisper().run(jobs_in, max_window=max_window)
         else:
             results = choice.speech().run(jobs_in)
@@ -79,11 +149,13 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
         if out_dir is not None and r.error is None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             path = Path(out_dir) / f"{names[order[r.id]]}.{fmt}"
-            write_text_atomic(path, render(fmt, r.text, _segments(r, durations), files[order[r.id]], durations[r.id]))
+            write_text_atomic(path, render(fmt, r.text, _segments(r, durations), files[order[r.id]], durations[r.id],
+                                           getattr(r, "language", None)))
         finished.append(r)
     finished.sort(key=lambda r: order[r.id])
     if out_dir is None and fmt == "json":
-        rows = [to_record(files[order[r.id]], r.text, None if r.error else _segments(r, durations), r.error, durations.get(r.id))
+        rows = [to_record(files[order[r.id]], r.text, None if r.error else _segments(r, durations), r.error, durations.get(r.id),
+                          getattr(r, "language", None))
                 for r in finished]
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
     elif out_dir is None:

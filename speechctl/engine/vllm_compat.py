@@ -28,6 +28,11 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   forward (CSM's depth decoder, benchmarks).
 * ``grouped_mlp`` (vLLM's fused MoE kernel as a two-expert MLP: Higgs' DualFFN),
   ``tensor_parallel_rank_and_size``, ``all_reduce``.
+* Whisper (``speechctl/asr/``): ``keep_whisper_decoder_prompts`` (prompts that begin with
+  ``<|startofprev|>``), ``engine_runner`` / ``runner_logits_processor`` (the decoding logits
+  processor's instance), ``scheduler_budgets`` (what one step takes: a beam's lanes must step
+  together), ``SelfAttentionKv`` (KV blocks copied between beam lanes), ``share_mm_encoder``
+  (one encoder pass for identical audio inputs).
 
 ``tests/test_vllm_compat.py`` fails loudly when any of these assumptions stops holding.
 """
@@ -506,3 +511,148 @@ def all_reduce(x):
     from vllm.distributed import tensor_model_parallel_all_reduce
 
     return tensor_model_parallel_all_reduce(x)
+
+
+# -- Whisper, for speechctl/asr/ (beam lanes, the shared encoder) ----------------------------------
+
+
+def keep_whisper_decoder_prompts() -> None:
+    """vLLM prepends the decoder start token (<|startoftranscript|>) to an encoder-decoder prompt
+    that does not begin with it (0.26: ``inputs/preprocess.py``; 0.32: ``inputs/engine.py``,
+    ``_prepare_decoder_input_ids_for_generation``), which breaks Whisper's ``<|startofprev|>
+    previous text <|startoftranscript|>`` prompts. A multimodal processor's
+    ``skip_decoder_start_token`` (``BaseMultiModalProcessor``, both series) turns that off: set it
+    on Whisper's processor class (speechctl's Whisper prompts carry their own start token)."""
+    from vllm.model_executor.models.whisper import WhisperMultiModalProcessor
+
+    if not hasattr(WhisperMultiModalProcessor, "skip_decoder_start_token"):
+        raise RuntimeError(f"vLLM {VLLM_VERSION}: multimodal processors lost skip_decoder_start_token (speechctl/engine/vllm_compat.py)")
+    WhisperMultiModalProcessor.skip_decoder_start_token = True
+
+
+def engine_runner(llm_engine):
+    """The V1 model runner of an in-process ``LLMEngine`` (``model_executor.driver_worker``:
+    the uniprocess executor, 0.26 and 0.32)."""
+    worker = getattr(llm_engine.model_executor, "driver_worker", None)
+    if worker is None:
+        raise RuntimeError("speechctl needs vLLM's in-process engine here (VLLM_ENABLE_V1_MULTIPROCESSING=0, no tensor parallelism)")
+    return worker_runner(worker)
+
+
+def runner_logits_processor(runner, cls):
+    """The one instance of custom logits processor ``cls`` in the runner's persistent batch
+    (``input_batch.logitsprocs.all``, 0.26 and 0.32)."""
+    found = [lp for lp in runner.input_batch.logitsprocs.all if isinstance(lp, cls)]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one {cls.__name__} logits processor in the runner, found {len(found)}")
+    return found[0]
+
+
+def scheduler_budgets(llm_engine) -> dict:
+    """What one step may schedule: sequences, tokens and encoder-input tokens
+    (``Scheduler.max_num_running_reqs`` / ``max_num_scheduled_tokens`` /
+    ``max_num_encoder_input_tokens``, 0.26 and 0.32)."""
+    scheduler = engine_scheduler(llm_engine)
+    return {
+        "sequences": int(scheduler.max_num_running_reqs),
+        "tokens": int(scheduler.max_num_scheduled_tokens),
+        "encoder_tokens": int(scheduler.max_num_encoder_input_tokens),
+    }
+
+
+class SelfAttentionKv:
+    """The decoder self-attention KV cache of an encoder-decoder model in the runner, by batch
+    row: ``copy`` puts whole blocks of one row's history onto another's (Whisper's beam lanes).
+
+    Reads the KV cache groups (``runner.kv_cache_config.kv_cache_groups``: the one group that is
+    not a ``CrossAttentionSpec``), that group's block table (``input_batch.block_table[g]
+    .block_table.np`` [max rows, max blocks], row = batch row) and each layer's bound
+    ``kv_cache`` tensor (``static_forward_context``; a tensor in both series, a list per virtual
+    engine before). The block dimension: 0.26 has the backend's ``get_kv_cache_shape`` say
+    (FlashAttention: ``(blocks, heads, block size, 2 * head size)``); 0.32's per-layer view is
+    always [blocks, heads, block size, content] (``vllm/v1/kv_cache_layout.py``, RFC #42082).
+    Prefix caching is off for encoder-decoder models in both, so no block is shared between
+    requests and a row's blocks can be overwritten."""
+
+    def __init__(self, runner):
+        from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+        groups = runner.kv_cache_config.kv_cache_groups
+        own = [i for i, g in enumerate(groups) if not isinstance(g.kv_cache_spec, CrossAttentionSpec)]
+        if len(own) != 1:
+            raise RuntimeError(f"expected one self-attention KV cache group, found {len(own)}")
+        self.group = own[0]
+        spec = groups[self.group].kv_cache_spec
+        self.block_size = spec.block_size
+        context = runner.vllm_config.compilation_config.static_forward_context
+        blocks = getattr(runner.kv_cache_config, "num_blocks", None)
+        self.caches, self.dims = [], []
+        for name in groups[self.group].layer_names:
+            layer = context[name]
+            cache = layer.kv_cache
+            if isinstance(cache, (list, tuple)):
+                cache = cache[0]
+            dim = _kv_block_dim(getattr(layer, "attn_backend", None), self.block_size, spec)
+            if blocks is not None and cache.shape[dim] != blocks:
+                raise RuntimeError(f"vLLM {VLLM_VERSION}: KV cache of {name} has shape {tuple(cache.shape)}, no block dimension {dim} of {blocks}")
+            self.caches.append(cache)
+            self.dims.append(dim)
+        self._runner = weakref.proxy(runner)
+
+    def table(self):
+        return self._runner.input_batch.block_table[self.group].block_table.np
+
+    def copy(self, src_rows: list[int], dst_rows: list[int], num_tokens: list[int]) -> None:
+        """Row ``dst_rows[i]`` gets row ``src_rows[i]``'s first ``num_tokens[i]`` positions."""
+        import torch
+
+        table = self.table()
+        src, dst = [], []
+        for s, d, n in zip(src_rows, dst_rows, num_tokens):
+            count = -(-n // self.block_size)
+            src.extend(table[s, :count].tolist())
+            dst.extend(table[d, :count].tolist())
+        if not src:
+            return
+        device = self.caches[0].device
+        src_t = torch.tensor(src, dtype=torch.long, device=device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=device)
+        for cache, dim in zip(self.caches, self.dims):
+            cache.index_copy_(dim, dst_t, cache.index_select(dim, src_t))
+
+
+def _kv_block_dim(backend, block_size: int, spec) -> int:
+    """The block dimension of a layer's KV-cache tensor (``SelfAttentionKv``)."""
+    if VLLM_SERIES == "0.26":
+        probe = 7919  # a block count no other dimension has
+        return list(backend.get_kv_cache_shape(probe, block_size, spec.num_kv_heads, spec.head_size)).index(probe)
+    return 0  # 0.32: the per-layer view is [blocks, heads, block size, content] whatever the layout
+
+
+def share_mm_encoder(runner, share):
+    """Route the model's audio encoder through ``share(features, encode)``: ``features``
+    [n, mels, frames] the log-mel inputs of one call, ``encode(features)`` the model's own
+    encoder; returns one output per input. vLLM encodes every encoder-decoder request's audio
+    itself (``EncoderDecoderCacheManager.check_and_update_cache`` never reports a hit, 0.26 and
+    0.32) by calling the model instance's ``embed_multimodal(input_features=...)``
+    (``GPUModelRunner._execute_mm_encoder``); this wraps that method on the instance. Returns
+    the ``share`` already installed if there is one."""
+    import torch
+
+    model = runner.get_model()
+    installed = getattr(model.__dict__.get("embed_multimodal"), "speechctl_share", None)
+    if installed is not None:
+        return installed
+    inner = model.embed_multimodal
+
+    def embed_multimodal(**kwargs):
+        features = kwargs.get("input_features")
+        if features is None or len(kwargs) != 1:
+            return inner(**kwargs)
+        if isinstance(features, (list, tuple)):
+            features = torch.stack(list(features))
+        return share(features, lambda f: inner(input_features=f))
+
+    embed_multimodal.speechctl_share = share
+    model.embed_multimodal = embed_multimodal
+    return share

@@ -10,9 +10,8 @@ import speechctl.models.hub as hub
 from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN
 from speechctl.errors import ModelError
 from speechctl.models.families import FAMILIES, open_checkpoint
-from speechctl.models.family import Checkpoint, read_config
+from speechctl.models.family import Checkpoint
 from speechctl.models.text_lm import TINY_LM, TINY_LM_DESCRIPTION
-from speechctl.models.weights import choose_weights
 import speechctl.voices as voices
 from speechctl.voices import VOICE
 
@@ -64,22 +63,10 @@ def resolve_checkpoint(name: str | None) -> Checkpoint:
     raise ModelError(f"unknown model '{name}': not a built-in name ({known}), a directory or a hub id (ORG/NAME)")
 
 
-# Files a checkpoint needs besides its weights: configs and indexes, the tokenizer.
-_LIGHT_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "vocab*", "merges*"]
-
-
 def _from_hub(name: str) -> Checkpoint:
-    """A checkpoint named by hub id: its snapshot in the Hugging Face cache. Where downloads are
-    allowed, only what it needs is fetched: the light files, then the weight files transformers'
-    rule chooses (not a repository's other copies)."""
-    if hub.offline():
-        path = hub.snapshot(name)
-    else:
-        path = hub.snapshot(name, _LIGHT_FILES)
-        config = read_config(path)
-        _, chosen, index = choose_weights(hub.repo_files(name), config, lambda n: json.loads((path / n).read_text()))
-        path = hub.snapshot(name, _LIGHT_FILES + [*chosen, *([index] if index else [])])
-    checkpoint = open_checkpoint(path, name)
+    """A checkpoint named by hub id: its snapshot in the Hugging Face cache, with only what it
+    needs fetched where downloads are allowed (``hub.checkpoint_snapshot``)."""
+    checkpoint = open_checkpoint(hub.checkpoint_snapshot(name), name)
     try:
         checkpoint.weights
     except ModelError as e:

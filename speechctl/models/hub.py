@@ -7,14 +7,19 @@ it, and then only those the checkpoint needs (``allow_patterns``); a missing pie
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 from speechctl.errors import ModelError
+from speechctl.models.weights import choose_weights
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 _TRUE = {"1", "on", "yes", "true"}
+# Files a checkpoint needs besides its weights: configs and indexes, the tokenizer (Whisper's too:
+# vocab.json, merges.txt, normalizer.json, added_tokens.json), the feature extractor's config.
+LIGHT_FILES = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "vocab*", "merges*"]
 
 
 def is_hub_id(name: str) -> bool:
@@ -88,3 +93,18 @@ def repo_files(name: str) -> set[str]:
         return set(list_repo_files(repo, revision=revision))
     except Exception as e:  # the hub's many HTTP and repository errors: one line
         raise ModelError(f"{name}: could not list the repository ({str(e).splitlines()[0]})") from None
+
+
+def checkpoint_snapshot(name: str) -> Path:
+    """The snapshot of hub id ``name`` with what a checkpoint needs. Offline, the cache as it is;
+    where downloads are allowed, only the light files, then the weight files transformers' rule
+    chooses (``weights.choose_weights``), not a repository's other copies."""
+    if offline():
+        return snapshot(name)
+    path = snapshot(name, LIGHT_FILES)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{name}: no usable config.json in the repository ({e})") from None
+    _, chosen, index = choose_weights(repo_files(name), config, lambda n: json.loads((path / n).read_text()))
+    return snapshot(name, LIGHT_FILES + [*chosen, *([index] if index else [])])

@@ -42,10 +42,12 @@ def load_asr_engine(model: str | None = None, gpu_fraction: float = 0.1):
     """Whisper (or a speech LM for ``--asr-model tiny``) with a small batch: a chat transcribes
     one utterance at a time."""
     from speechctl.api import load_asr
-    from speechctl.asr import WhisperConfig
+    from speechctl.asr import WhisperConfig, WhisperOptions
 
     def make():
-        config = WhisperConfig(max_num_seqs=4, gpu_memory_utilization=gpu_fraction if has_cuda() else None)
+        # A chat wants its turn's text fast: greedy, without timestamps (fallback and no-speech stay).
+        config = WhisperConfig(max_num_seqs=4, gpu_memory_utilization=gpu_fraction if has_cuda() else None,
+                               default_options=WhisperOptions(beam_size=1, timestamps=False))
         return load_asr(model, whisper_config=config)
 
     return shared(("asr", model, gpu_fraction), make)

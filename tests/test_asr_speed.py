@@ -1,0 +1,37 @@
+"""benchmarks/asr_speed.py (the H200 speed comparison) at a tiny size on the CPU: every system,
+greedy and beam 5, two batch sizes; the JSON it writes and the command it records."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+pytestmark = pytest.mark.engine
+
+
+def test_the_speed_bench_runs_and_records_its_command(tmp_path):
+    out, png = tmp_path / "speed.json", tmp_path / "speed.png"
+    args = ["--batch", "1,2", "--files", "4", "--max-tokens", "40", "--out", str(out), "--plot", str(png)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # this checkout's speechctl
+    done = subprocess.run([sys.executable, "benchmarks/asr_speed.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    rows = [r for r in record["results"] if "skipped" not in r]
+    systems = {r["system"] for r in rows}
+    assert {"speechctl", "transformers"} <= systems
+    assert len(rows) == 4 * len(systems)  # greedy and beam 5 at batch 1 and 2
+    for r in rows:
+        assert r["files"] == 4 and r["wall_s"] > 0 and r["audio_s_per_s"] > 0 and 0 <= r["wer"] < 70, r
+    same = {(r["mode"], r["system"]): r["wer"] for r in rows if r["batch"] == 1}
+    assert same[("greedy", "speechctl")] == same[("greedy", "transformers")]  # the same greedy tokens
+    assert png.stat().st_size > 10_000
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import asr_speed
+
+    recorded = record["command"].split()
+    assert recorded[:2] == ["python", "benchmarks/asr_speed.py"]
+    assert vars(asr_speed.parse(recorded[2:])) == vars(asr_speed.parse(args))
