@@ -220,6 +220,12 @@ def test_asr_refuses_audio_sampling_flags(tmp_path):
     one_line_error(result, "--audio-temperature", "asr generates text")
 
 
+def test_a_speech_lm_refuses_whisper_flags_rather_than_ignore_them():
+    result = run("asr", str(SAMPLES / "asr" / "13.flac"), "--model", "tiny", "--beam-size", "3",
+                 "--temperature-increment-on-fallback", "none")
+    one_line_error(result, "--beam-size, --temperature-increment-on-fallback", "tiny is a speech LM")
+
+
 def test_codes_out_needs_one_shot(tmp_path):
     result = run("tts", "Hi.", "--stream", "-o", str(tmp_path / "x.wav"), "--codes-out", str(tmp_path / "c.npy"))
     one_line_error(result, "--codes-out")

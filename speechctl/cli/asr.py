@@ -27,6 +27,11 @@ class OptionalFloat(click.ParamType):
             self.fail(f"{value!r} is not a number or 'none'", param, ctx)
 
 
+_WHISPER_PARAMS = {"language", "task", "beam_size", "best_of", "patience", "length_penalty", "increment",
+                   "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
+                   "condition_on_previous_text", "initial_prompt", "without_timestamps", "word_timestamps"}
+
+
 def whisper_options(fn):
     """Whisper's decoding options (OpenAI's ``transcribe`` / faster-whisper, their defaults)."""
 
@@ -48,6 +53,11 @@ def whisper_options(fn):
     def wrapper(*args, language, task, beam_size, best_of, patience, length_penalty, increment, compression_ratio_threshold,
                 logprob_threshold, no_speech_threshold, condition_on_previous_text, initial_prompt, without_timestamps,
                 word_timestamps, **kwargs):
+        context = click.get_current_context()
+        # the Whisper flags the user gave (a speech LM refuses them rather than ignore them)
+        kwargs["whisper_given"] = [p.opts[0] for p in context.command.params
+                                   if p.name in _WHISPER_PARAMS and context.get_parameter_source(p.name)
+                                   is not click.core.ParameterSource.DEFAULT]
         kwargs["whisper"] = dict(
             language=language, task=task, beam_size=beam_size, best_of=best_of, patience=patience,
             length_penalty=length_penalty, increment=increment, compression_ratio_threshold=compression_ratio_threshold,
@@ -83,13 +93,14 @@ def build_options(settings: dict, sampling):
 @click.option("--max-tokens", type=click.IntRange(1), default=None, help="Longest transcript, in tokens (Whisper: per window, at most 446).  [default: 256]")
 @click.option("--max-window", type=click.FloatRange(3, 30), default=30.0, show_default=True, help="Whisper: longest window in seconds.")
 @click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True, help="Sequences decoded together (Whisper: windows x beams; speech LM: requests).")
-@click.option("--max-model-len", type=click.IntRange(16), default=4096, show_default=True, help="Speech LMs: longest prompt + output, in steps.")
+@click.option("--max-model-len", type=click.IntRange(16), default=None, help="Speech LMs: longest prompt + output, in steps (default: the checkpoint's limit, at most 4096).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @click.option("--verbose", "-v", is_flag=True, help="Show vLLM's logs.")
 @whisper_options
 @sampling_options
 @user_errors
-def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, max_model_len, dtype, verbose, whisper, sampling):
+def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, max_model_len, dtype, verbose, whisper, whisper_given,
+            sampling):
     """Transcribe audio FILEs (- for stdin). Files that fail are reported; the rest still run.
 
     Whisper decodes as OpenAI's whisper and faster-whisper do by default: beam search (5), a
@@ -113,6 +124,8 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
         options["max_tokens"] = max_tokens
     if uses_whisper:
         options["whisper"] = build_options(whisper, sampling)
+    elif whisper_given:
+        raise InputError(f"{', '.join(whisper_given)}: Whisper decoding options; {model} is a speech LM (its ASR samples text greedily or with --temperature/--top-k/--top-p)")
 
     # Job ids name the file (errors say which); a file given twice gets a #n suffix.
     ids = [path if files.index(path) == i else f"{path}#{i}" for i, path in enumerate(files)]
