@@ -122,15 +122,10 @@ def create_csm_checkpoint(path: str | os.PathLike, recipe: CsmRecipe | None = No
 def _randomize(model, recipe: CsmRecipe) -> None:
     """LM matrices N(0, init_std), norm weights 1 + N(0, 0.3); Mimi keeps transformers' init but
     gets random codebooks (transformers initialises them to zeros)."""
-    gen = torch.Generator().manual_seed(recipe.seed)
+    from speechctl.models.random_weights import draw_codebooks, draw_parameters
+
+    gen = draw_parameters(model, recipe.seed, recipe.init_std, skip="codec_model.")
+    draw_codebooks(model.codec_model, "embed_sum", gen)
     with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.startswith("codec_model."):
-                continue
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(noise * recipe.init_std if p.dim() >= 2 else 1 + 0.3 * noise)
-        for name, buf in model.codec_model.named_buffers():
-            if name.endswith("embed_sum"):
-                buf.copy_(torch.randn(buf.shape, generator=gen))
         if recipe.silent_depth:
             model.depth_decoder.model.norm.weight.zero_()

@@ -101,9 +101,8 @@ def create_dac(path: Path, shape: dict, seed: int = 0) -> Path:
 
 def _randomize(model, recipe: DiaRecipe) -> None:
     """Matrices N(0, init_std), norm weights 1 + N(0, 0.3)."""
-    gen = torch.Generator().manual_seed(recipe.seed)
+    from speechctl.models.random_weights import draw_parameters
+
+    draw_parameters(model, recipe.seed, recipe.init_std)
     with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(noise * recipe.init_std if p.dim() >= 2 else 1 + 0.3 * noise)
         model.logits_dense.weight[1024].mul_(recipe.eos_boost)  # channel 0's EOS

@@ -149,8 +149,6 @@ def create_higgs_codec(path: Path, recipe: HiggsRecipe) -> Path:
 
 def _randomize(model, recipe: HiggsRecipe) -> None:
     """Matrices N(0, init_std); norm weights 1 + N(0, 0.3), so the text and audio norms differ."""
-    gen = torch.Generator().manual_seed(recipe.seed)
-    with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(noise * recipe.init_std if p.dim() >= 2 else 1 + 0.3 * noise)
+    from speechctl.models.random_weights import draw_parameters
+
+    draw_parameters(model, recipe.seed, recipe.init_std)

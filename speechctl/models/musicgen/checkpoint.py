@@ -90,13 +90,7 @@ def t5_tokenizer():
 def _randomize(model, recipe: MusicgenRecipe) -> None:
     """Decoder and text-encoder matrices N(0, init_std), norm weights 1 + N(0, 0.3); EnCodec
     keeps transformers' init but gets random codebooks."""
-    gen = torch.Generator().manual_seed(recipe.seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.startswith("audio_encoder."):
-                continue
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(noise * recipe.init_std if p.dim() >= 2 else 1 + 0.3 * noise)
-        for name, buf in model.audio_encoder.named_buffers():
-            if name.endswith(".embed"):
-                buf.copy_(torch.randn(buf.shape, generator=gen))
+    from speechctl.models.random_weights import draw_codebooks, draw_parameters
+
+    gen = draw_parameters(model, recipe.seed, recipe.init_std, skip="audio_encoder.")
+    draw_codebooks(model.audio_encoder, ".embed", gen)
