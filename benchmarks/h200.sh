@@ -26,6 +26,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
 source "$(dirname "$0")/plugin_entry_point.sh"
+bash "$(dirname "$0")/gpu_moe.sh" install || true  # vLLM's MoE kernels, where a call carried them
 if [ -n "${WHISPER_PACKAGE:-}" ]; then export PYTHONPATH=$WHISPER_PACKAGE:$PYTHONPATH; fi
 for stage in "$@"; do
   case "$stage" in

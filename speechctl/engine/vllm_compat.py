@@ -26,7 +26,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   TP workers until collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
 * ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
   forward (CSM's depth decoder, benchmarks).
-* ``grouped_mlp`` (vLLM's fused MoE kernel as a two-expert MLP: Higgs' DualFFN),
+* ``grouped_mlp`` / ``grouped_mlp_available`` (vLLM's fused MoE kernel as a two-expert MLP:
+  Higgs' DualFFN; the kernel library is optional in vLLM),
   ``tensor_parallel_rank_and_size``, ``all_reduce``.
 * Whisper (``speechctl/asr/``): ``keep_whisper_decoder_prompts`` (prompts that begin with
   ``<|startofprev|>``), ``engine_runner`` / ``runner_logits_processor`` (the decoding logits
@@ -482,11 +483,25 @@ def preempt(scheduler, request) -> None:
 # -- layers, for the models ----------------------------------------------------------------------
 
 
+# vLLM imports its MoE kernel library only if it is there (``import_kernels`` suppresses the
+# ImportError: trimmed installs, such as the H200 bundle of ../shared/gpu, leave it out)
+MOE_KERNELS = "vllm._moe_C_stable_libtorch"
+
+
+@functools.cache
 def grouped_mlp_available() -> bool:
-    """vLLM's fused MoE kernels run here (CUDA; not vLLM-CPU)."""
+    """vLLM's fused MoE kernels run here: CUDA (not vLLM-CPU), with the MoE kernel library."""
+    import importlib.util
+
     from vllm.platforms import current_platform
 
-    return current_platform.is_cuda()
+    if not current_platform.is_cuda():
+        return False
+    if importlib.util.find_spec(MOE_KERNELS) is None:
+        logger.warning("%s is not installed: layers that would run as a mixture through vLLM's fused "
+                       "MoE kernel compute every expert instead (Higgs' DualFFN: both MLPs)", MOE_KERNELS)
+        return False
+    return True
 
 
 def grouped_mlp(x, w13, w2, expert_ids):

@@ -40,8 +40,11 @@ class Readback:
         self.K, self.max_len, self.device = K, max_len, device
         # the step's record, written inside the (graphed) sample step: [tokens K | slot | g | flags | epoch]
         self.record = torch.zeros(max_rows, K + 4, dtype=torch.int64, device=device)
+        # device="cpu" said outright: vLLM builds the model (and so this) under a default-device
+        # context of the GPU, which would otherwise put the host ring there
         pin = device.type == "cuda"
-        self._ring = [_Copy(torch.zeros(max_rows, K + 4, dtype=torch.int64, pin_memory=pin)) for _ in range(RING)]
+        self._ring = [_Copy(torch.zeros(max_rows, K + 4, dtype=torch.int64, device="cpu", pin_memory=pin))
+                      for _ in range(RING)]
         self._next = 0
         self.tokens = np.full((slots, max_len + 1, K), pad, dtype=np.int32)  # the host mirror
         self.done = np.zeros(slots, dtype=np.int64)  # generated indices 0..done-1 are in the mirror

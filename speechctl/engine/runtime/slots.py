@@ -274,7 +274,7 @@ class SlotTable:
         idx = self._to_device(np.array([slot for slot, _ in claimed], dtype=np.int64))
         for dtype in (torch.int64, torch.float32, torch.bool):
             fields = [(buf, values) for buf, values in columns if buf.dtype == dtype]
-            rows = self._to_device(torch.tensor([v for _, v in fields], dtype=dtype))  # [fields, claimed]
+            rows = self._to_device(torch.tensor([v for _, v in fields], dtype=dtype, device="cpu"))  # [fields, claimed]
             for (buf, _), row in zip(fields, rows):
                 buf.index_copy_(0, idx, row)
         if any(p.repetition for p in ps):  # the prompt audio's last steps, right-aligned

@@ -1,0 +1,38 @@
+"""The host mirror of generated tokens (engine/runtime/readback.py), on the CPU."""
+
+import numpy as np
+import torch
+
+from speechctl.engine.runtime.readback import Readback
+
+
+def _readback(device: torch.device) -> Readback:
+    return Readback(slots=3, max_rows=4, max_len=6, num_codebooks=2, pad=-1, device=device)
+
+
+def test_host_ring_stays_on_the_host_under_a_default_device_context():
+    # vLLM builds the model, and so the runtime's buffers, under `with torch.device(<gpu>)`: a
+    # host buffer that does not name the CPU lands on the GPU there (on CUDA, pinning it then
+    # fails: "Only dense CPU tensors can be pinned", the H200's eleventh-session failure)
+    with torch.device("meta"):
+        rb = _readback(torch.device("meta"))
+    assert rb.record.device.type == "meta"
+    assert all(copy.host.device.type == "cpu" for copy in rb._ring)
+
+
+def test_rows_land_in_the_mirror_of_their_slot_and_epoch_only():
+    rb = _readback(torch.device("cpu"))
+    rb.claimed([0, 1, 2], [1, 2, 1])  # slot 1 was claimed again (epoch 2)
+    # [tokens K=2 | slot | g | flags (1 = real, 2 = desync) | epoch]
+    rows = [[5, 6, 0, 0, 1, 1],   # slot 0, step 0
+            [7, 8, 2, 0, 3, 1],   # slot 2, step 0, desynced pair
+            [9, 9, 1, 0, 1, 1],   # slot 1's previous request (epoch 1, aborted): dropped
+            [4, 4, 0, 1, 0, 1]]   # not a real sample: dropped
+    rb.record[:4] = torch.tensor(rows)
+    rb.after_step(4)
+    (a, da), (b, db), (c, _) = rb.collect([(0, 0, 1), (2, 0, 1), (1, 0, 1)])
+    assert a.tolist() == [[5, 6]] and da == 0
+    assert b.tolist() == [[7, 8]] and db == 1
+    assert c.tolist() == [[-1, -1]]
+    assert rb.done.tolist() == [1, 0, 1]
+    assert np.all(rb.tokens[0, 1:] == -1)
