@@ -3,6 +3,9 @@
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests   # the family parity suites on CUDA
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh bench   # frames/s, speechctl beside transformers
 #     (CODEC=1: also end to end, text to waveform with the family's codec at its published shape)
+#   source .gpu/unpack.sh && bash benchmarks/families_h200.sh guided  # Dia 1.6B, MusicGen-small with their CFG:
+#     speechctl beside transformers' generate with guidance, and the CFG efficiency (speechctl/bench/guided.py)
+#   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests-guided  # the Dia / MusicGen parity suites on CUDA
 # Writes $OUT/families-<family>.json (frames/s at concurrency $CONC for both systems); copy them
 # to docs/benchmarks/ with the command line and record the table in docs/benchmarks/families.md.
 set -uo pipefail
@@ -21,5 +24,16 @@ case "${1:-bench}" in
         $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) $([ "${CODEC:-0}" = 1 ] && echo --codec) \
         2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|Error|Traceback" 
     done
+    ;;
+  guided)
+    for family in ${FAMILIES:-dia musicgen}; do
+      python3 -m speechctl.bench.guided --family "$family" --size full --concurrency "${CONC:-1,16,64}" \
+        --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/guided-$family${SUFFIX:-}.json" \
+        $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) \
+        2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|Error|Traceback"
+    done
+    ;;
+  tests-guided)
+    python3 -m pytest -q -p no:cacheprovider -rA tests/test_dia.py tests/test_musicgen.py 2>&1 | tee "$OUT/pytest-guided.log" | tail -40
     ;;
 esac

@@ -65,6 +65,23 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
     assert all(r["frames_per_s"] > 0 for r in result["rows"])
 
 
+@pytest.mark.parametrize("family", ["dia", "musicgen"])
+def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family):
+    """Dia / MusicGen (tiny, each family's own sampling and CFG): speechctl with CFG, without
+    at c and 2c rows (the CFG efficiency), transformers' generate with guidance making every
+    step it is asked for."""
+    from speechctl.bench.guided import run_guided_bench
+
+    result = run_guided_bench(family, "tiny", concurrencies=(1,), frames=8, repeats=1, log=lambda row: None)
+    rows = {(r["system"], r["concurrency"]): r for r in result["rows"]}
+    assert set(rows) == {("speechctl cfg", 1), ("speechctl", 1), ("speechctl", 2), ("transformers cfg", 1)}
+    assert all(r["frames_per_s"] > 0 for r in rows.values())
+    want = rows[("speechctl cfg", 1)]["frames_per_s"] / (rows[("speechctl", 2)]["frames_per_s"] / 2)
+    assert result["cfg_efficiency"]["1"] == pytest.approx(want, abs=1e-3)
+    assert result["sampling"]["guidance"]["scale"] == (4.0 if family == "dia" else 3.0)  # Dia's 3, as the runtime merges it
+    assert rows[("transformers cfg", 1)]["steps"] == (8 + 15 + 1 if family == "dia" else 8 + 3)
+
+
 def test_bench_results_name_the_command_that_made_them():
     """The JSON's ``command`` spells every option out, defaults too, so the run can be repeated."""
     import shlex

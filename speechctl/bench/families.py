@@ -157,10 +157,10 @@ def run_family_bench(
         frame_rate = speech.codec.frame_rate if codec else None
         for count in concurrencies:
             speechctl_run(count)  # warm-up at this batch size
-            add(_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)], frame_rate))
+            add(rate_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)], frame_rate))
             if codec:
                 end_to_end(count)
-                add(_row("speechctl+codec", count, frames, [end_to_end(count) for _ in range(repeats)], frame_rate))
+                add(rate_row("speechctl+codec", count, frames, [end_to_end(count) for _ in range(repeats)], frame_rate))
         prompt_ids = workload(1)[0].prompt_ids
         if codec:
             speech.close()
@@ -169,11 +169,11 @@ def run_family_bench(
         if transformers_too:
             for count in concurrencies:
                 times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
-                add(_row("transformers", count, frames, times))
+                add(rate_row("transformers", count, frames, times))
         return result
 
 
-def _row(system: str, count: int, frames: int, times: list[float], frame_rate: float | None = None) -> dict:
+def rate_row(system: str, count: int, frames: int, times: list[float], frame_rate: float | None = None) -> dict:
     median = statistics.median(times)
     row = {"system": system, "concurrency": count, "seconds": [round(t, 3) for t in times],
            "frames_per_s": round(count * frames / median, 1)}
