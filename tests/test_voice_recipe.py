@@ -164,6 +164,20 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
     assert out.shape == (1, 6400)
 
 
+@needs_espeak
+def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
+    """A chained call (``codec resume`` with nothing carried) continues the codec this machine
+    trained in its previous call; a fresh machine with nothing carried says so in one line."""
+    from recipes.voice import stages
+
+    recipe = replace(preset("tiny"), data=DataConfig(hours=0.004, heldout=2, max_chars=60))
+    stages.run_codec(recipe, tmp_path / "machine", None, minutes=30, max_steps=2)
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        stages.run_codec(recipe, tmp_path / "fresh", None, minutes=30, resume=tmp_path / "carried", max_steps=1)
+    stages.run_codec(recipe, tmp_path / "machine", None, minutes=30, resume=tmp_path / "carried", max_steps=1)
+    assert checkpoint.read_record(tmp_path / "machine" / "codec")["step"] == 3
+
+
 def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     from recipes.voice.schedule import RunSchedule
 

@@ -101,7 +101,11 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
     work = Path(work)
     ckpt = work / "codec"
     if resume is not None:
-        _unpack_into(resume, "codec", ckpt)
+        if (Path(resume) / "codec.sha256").is_file():
+            _unpack_into(resume, "codec", ckpt)
+        elif not (ckpt / "state.pt").is_file():
+            raise FileNotFoundError(f"nothing to resume: no codec.sha256 in {resume} and no {ckpt / 'state.pt'}")
+        # else: this machine's own checkpoint, from a call chained within its warm time
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
