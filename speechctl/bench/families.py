@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from speechctl.bench.report import environment
+from speechctl.bench.report import environment, result_writer
 from speechctl.engine.params import Sampling
 from speechctl.errors import EngineError
 
@@ -113,14 +111,7 @@ def run_family_bench(
             ]
 
         def speechctl_run(count: int) -> float:
-            reqs = workload(count)
-            start = time.perf_counter()
-            outs = list(engine.generate(reqs))
-            elapsed = time.perf_counter() - start
-            for out in outs:
-                if out.error:
-                    raise EngineError(f"benchmark request failed: {out.error}")
-            return elapsed
+            return time_requests(engine, workload(count))
 
         rows = []
         result = {
@@ -171,6 +162,17 @@ def run_family_bench(
                 times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
                 add(rate_row("transformers", count, frames, times))
         return result
+
+
+def time_requests(engine, requests) -> float:
+    """Seconds for ``engine`` to generate ``requests`` (all of them, none failed)."""
+    start = time.perf_counter()
+    outs = list(engine.generate(requests))
+    elapsed = time.perf_counter() - start
+    for out in outs:
+        if out.error:
+            raise EngineError(f"benchmark request failed: {out.error}")
+    return elapsed
 
 
 def rate_row(system: str, count: int, frames: int, times: list[float], frame_rate: float | None = None) -> dict:
@@ -232,14 +234,7 @@ def main(argv=None) -> None:
     parser.add_argument("--codec", action="store_true", help="also end to end: text to waveform with the family's codec")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    command = shlex.join(["python3", "-m", "speechctl.bench.families", *(sys.argv[1:] if argv is None else argv)])
-
-    def write(result: dict) -> None:
-        if args.out:
-            from speechctl.audio import write_json_atomic
-
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(args.out, {"command": command, **result})
+    write = result_writer(args.out, "speechctl.bench.families", argv)
 
     result = run_family_bench(
         args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,

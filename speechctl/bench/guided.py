@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
-from speechctl.bench.families import rate_row
-from speechctl.bench.report import environment
+from speechctl.bench.families import rate_row, time_requests
+from speechctl.bench.report import environment, result_writer
 from speechctl.errors import EngineError
 
 TEXTS = {"dia": "[S1] The quick brown fox jumps over the lazy dog, number {i}. [S2] Indeed.",
@@ -80,15 +78,9 @@ def run_guided_bench(family: str = "dia", size: str = "full", concurrencies=(1, 
             raise EngineError(f"{path}: its generation_config.json does not guide")
 
         def run(count: int, guidance) -> float:
-            reqs = [prompts.tts(TEXTS[family].format(i=i % 10), audio_sampling=audio, guidance=guidance, seed=i,
-                                max_frames=frames, min_frames=frames, tag=i) for i in range(count)]
-            start = time.perf_counter()
-            outs = list(engine.generate(reqs))
-            elapsed = time.perf_counter() - start
-            for out in outs:
-                if out.error:
-                    raise EngineError(f"benchmark request failed: {out.error}")
-            return elapsed
+            return time_requests(engine, [
+                prompts.tts(TEXTS[family].format(i=i % 10), audio_sampling=audio, guidance=guidance, seed=i,
+                            max_frames=frames, min_frames=frames, tag=i) for i in range(count)])
 
         rows = []
         result = {"family": family, "size": size, "frames_per_request": frames, "config": checkpoint.config,
@@ -181,14 +173,7 @@ def main(argv=None) -> None:
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    command = shlex.join(["python3", "-m", "speechctl.bench.guided", *(sys.argv[1:] if argv is None else argv)])
-
-    def write(result: dict) -> None:
-        if args.out:
-            from speechctl.audio import write_json_atomic
-
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(args.out, {"command": command, **result})
+    write = result_writer(args.out, "speechctl.bench.guided", argv)
 
     result = run_guided_bench(args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
                               args.repeats, transformers_too=not args.no_transformers, partial=write)

@@ -8,6 +8,24 @@ import time
 from pathlib import Path
 
 
+def result_writer(out: Path | None, module: str, argv: list[str] | None):
+    """For a bench run as ``python -m MODULE ARGV``: a function that writes a result to ``out``
+    (atomically, with the command that made it; nothing without ``out``)."""
+    import shlex
+    import sys
+
+    command = shlex.join(["python3", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+    def write(result: dict) -> None:
+        if out:
+            from speechctl.audio import write_json_atomic
+
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(out, {"command": command, **result})
+
+    return write
+
+
 def environment(speechctl: bool = True) -> dict:
     """The software, device and host speed of this process; ``speechctl``: also how speechctl's
     engines run here (not for a plain-vLLM baseline's process)."""
