@@ -178,6 +178,28 @@ def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
     assert checkpoint.read_record(tmp_path / "machine" / "codec")["step"] == 3
 
 
+def test_codec_falls_back_to_eager_where_the_compiler_fails(tmp_path, monkeypatch):
+    """codec_train.compile on a machine whose compiler fails: the step runs again in eager mode
+    and training goes on, saying so in the log (a device call is not lost)."""
+    from recipes.voice.codec import CodecTrainer
+
+    sha = fake_data(tmp_path / "data")
+    recipe = tiny_recipe()
+    recipe.codec_train = replace(recipe.codec_train, compile=True)
+
+    def broken_compile(module, **kw):
+        def run(*a, **k):
+            raise RuntimeError("inductor: no C compiler")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    lines = []
+    trainer = CodecTrainer(recipe, tmp_path / "data", "cpu", sha, log=lines.append)
+    trainer.train(1e12, max_steps=2)
+    assert trainer.step == 2 and not trainer.compiled
+    assert any("torch.compile failed at step 0" in line for line in lines)
+
+
 def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     from recipes.voice.schedule import RunSchedule
 

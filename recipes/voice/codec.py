@@ -101,11 +101,11 @@ class CodecTrainer:
         self.usage = torch.zeros(K, C, device=self.device)
         self.step, self.history, self.runs = 0, [], []
         self.encoder, self.decoder = self.model.encoder, self.model.decoder
+        self.disc_forward = self.disc
+        self.compiled = cfg.compile
         if cfg.compile:
             self.encoder, self.decoder = torch.compile(self.encoder), torch.compile(self.decoder)
             self.disc_forward = torch.compile(self.disc)
-        else:
-            self.disc_forward = self.disc
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class CodecTrainer:
             for group in self.opt_d.param_groups:
                 group["lr"] = cfg.lr_disc * scale
             torch.manual_seed(cfg.seed * 7919 + self.step)  # quantizer dropout draws from the global generator
-            losses = self._step(self.crops.batch(self.step, cfg.batch_size))
+            losses = self._guarded_step(self.crops.batch(self.step, cfg.batch_size))
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + v.detach()
             self.step += 1
@@ -175,6 +175,23 @@ class CodecTrainer:
         self.runs.append({"steps": [first_step, self.step], "seconds": round(elapsed, 1),
                           "steps_per_s": round((self.step - first_step) / max(elapsed, 1e-9), 2)})
         self.history.append({"step": self.step, **self.evaluate()})
+
+    def _guarded_step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``_step``; where the compiled modules fail (compiling happens at a call: the first
+        step, the first adversarial step), the step again in eager mode and eager from then on,
+        so that a device call is not lost to the compiler. (A failure comes before any optimizer
+        step; only the code-usage counts of the failed forward may be counted twice.)"""
+        try:
+            return self._step(x)
+        except Exception as e:  # noqa: BLE001 - any compiler failure; an eager failure re-raises below
+            if not self.compiled:
+                raise
+            self.log(f"codec: torch.compile failed at step {self.step} ({type(e).__name__}: {str(e)[:200]}); eager from here")
+            self.encoder, self.decoder, self.disc_forward = self.model.encoder, self.model.decoder, self.disc
+            self.compiled = False
+            self.opt_g.zero_grad(set_to_none=True)
+            self.opt_d.zero_grad(set_to_none=True)
+            return self._step(x)
 
     def _step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.cfg
