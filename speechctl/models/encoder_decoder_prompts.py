@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechctl.engine.params import Guidance, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import complete_frames
 from speechctl.errors import EngineError, InputError
-from speechctl.models.prompting import PromptBuilder
+from speechctl.models.prompting import PromptBuilder, TtsOptions
 
 
 class EncoderDecoderPrompts(PromptBuilder):
     cuts_text = False  # the condition is read whole (a dialogue's speaker tags, a music description)
 
-    def request(self, encoder_ids: np.ndarray, uncond_encoder_ids: np.ndarray, *, codes: np.ndarray | None,
-                max_frames: int, max_tokens: int, audio: Sampling, guidance: Guidance, seed: int | None,
-                min_frames: int | None, text: Sampling, tag: object) -> StreamRequest:
+    def request(self, encoder_ids: np.ndarray, uncond_encoder_ids: np.ndarray, o: TtsOptions, *,
+                max_tokens: int) -> StreamRequest:
         pattern = self.spec.pattern
+        codes = o.voice_codes
         if codes is None:
             codes = np.zeros((pattern.num_streams, 0), np.int64)
         try:
@@ -30,14 +29,14 @@ class EncoderDecoderPrompts(PromptBuilder):
         except ValueError as e:
             raise InputError(f"{self.title}'s audio prompt: {e}") from None
         prompt_ids = [self.spec.audio_bos_id] + [self.spec.audio_id] * np.shape(codes)[1]
-        guided = guidance.enabled
+        guided = o.guidance.enabled
         return StreamRequest(
-            prompt_ids=prompt_ids, max_tokens=max_tokens, text=text, audio=audio, seed=seed,
-            stop_token_ids=[self.spec.audio_eos_id], starts_in_audio=True, max_frames=max_frames,
-            min_frames=self.min_frames if min_frames is None else min_frames, guidance=guidance,
+            prompt_ids=prompt_ids, max_tokens=max_tokens, text=o.text_sampling, audio=o.audio_sampling, seed=o.seed,
+            stop_token_ids=[self.spec.audio_eos_id], starts_in_audio=True, max_frames=o.max_frames,
+            min_frames=o.min_frames, guidance=o.guidance,
             uncond_prompt_ids=list(prompt_ids) if guided else None, encoder_ids=np.asarray(encoder_ids, np.int64),
             uncond_encoder_ids=np.asarray(uncond_encoder_ids, np.int64) if guided else None,
-            prompt_steps=steps, lead_in=lead_in, tag=tag)
+            prompt_steps=steps, lead_in=lead_in, tag=o.tag)
 
     def audio_segments(self, out: StreamOutput, starts_in_audio: bool = True) -> list[np.ndarray]:
         """The generated frames as [K, T] codes (an audio prompt's own frames not included)."""

@@ -7,11 +7,14 @@
     codes = builder.final_frames(steps_so_far)          # [K, T] the frames already final (streaming)
     text = builder.text(output)
 
-A builder subclasses ``PromptBuilder`` and implements what its format has; what it lacks answers
-with a one-line ``InputError``. Builders import neither torch nor vLLM.
+A builder subclasses ``PromptBuilder`` and implements what its format has (``build_tts`` takes
+the request's ``TtsOptions``; ``tts`` here spells them out once for every family); what it lacks
+answers with a one-line ``InputError``. Builders import neither torch nor vLLM.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +22,23 @@ from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import InputError
+
+
+@dataclass(frozen=True)
+class TtsOptions:
+    """What a TTS request asks besides its text, as every family's ``build_tts`` receives it."""
+
+    voice_codes: np.ndarray | None = None  # [K, T] codec codes of a reference voice
+    voice_text: str | None = None  # its transcript, where the format takes one
+    text_sampling: Sampling = GREEDY
+    audio_sampling: Sampling = GREEDY
+    depth_sampling: Sampling | None = None  # a depth decoder's codebooks; None: the family's choice
+    seed: int | None = None
+    max_frames: int = 1000
+    min_frames: int = 1  # the family's own minimum where the caller named none
+    guidance: Guidance = NO_GUIDANCE
+    repetition: tuple[int, int] | None = None  # repetition-aware sampling (window, max_repeat)
+    tag: object = None
 
 
 class PromptBuilder:
@@ -34,18 +54,27 @@ class PromptBuilder:
         self,
         text: str,
         *,
-        voice_codes: np.ndarray | None = None,  # [K, T] codec codes of a reference voice
-        voice_text: str | None = None,  # its transcript, where the format takes one
+        voice_codes: np.ndarray | None = None,
+        voice_text: str | None = None,
         text_sampling: Sampling = GREEDY,
         audio_sampling: Sampling = GREEDY,
-        depth_sampling: Sampling | None = None,  # a depth decoder's codebooks; None: as audio
+        depth_sampling: Sampling | None = None,
         seed: int | None = None,
         max_frames: int = 1000,
         min_frames: int | None = None,  # None: the family's
         guidance: Guidance = NO_GUIDANCE,
-        repetition: tuple[int, int] | None = None,  # repetition-aware sampling (window, max_repeat)
+        repetition: tuple[int, int] | None = None,
         tag: object = None,
+        **family_options,  # a family's own (CSM: speaker, context); any other is a TypeError
     ) -> StreamRequest:
+        """A TTS request for ``text`` (the fields: ``TtsOptions``)."""
+        options = TtsOptions(voice_codes=voice_codes, voice_text=voice_text, text_sampling=text_sampling,
+                             audio_sampling=audio_sampling, depth_sampling=depth_sampling, seed=seed,
+                             max_frames=max_frames, min_frames=self.min_frames if min_frames is None else min_frames,
+                             guidance=guidance, repetition=repetition, tag=tag)
+        return self.build_tts(text, options, **family_options)
+
+    def build_tts(self, text: str, o: TtsOptions) -> StreamRequest:
         raise NotImplementedError
 
     def asr(self, codes: np.ndarray, *, text_sampling: Sampling = GREEDY, seed: int | None = None,

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import EngineError, InputError
-from speechctl.models.prompting import PromptBuilder
+from speechctl.models.prompting import PromptBuilder, TtsOptions
 
 
 @dataclass
@@ -48,52 +47,35 @@ class CsmPrompts(PromptBuilder):
         tok = self.tokenizer
         return f"{tok.bos_token}[{int(speaker)}]{text}{tok.eos_token}"
 
-    def tts(
-        self,
-        text: str,
-        *,
-        speaker: int = 0,
-        context: Sequence[Turn] = (),
-        voice_codes: np.ndarray | None = None,
-        voice_text: str | None = None,
-        text_sampling: Sampling = GREEDY,
-        audio_sampling: Sampling = GREEDY,
-        depth_sampling: Sampling | None = None,
-        seed: int | None = None,
-        max_frames: int = 1000,
-        min_frames: int | None = None,
-        guidance: Guidance = NO_GUIDANCE,
-        repetition: tuple[int, int] | None = None,
-        tag: object = None,
-    ) -> StreamRequest:
-        """Speak ``text`` as ``speaker`` after the ``context`` turns. A voice prompt
-        (``voice_codes`` with its transcript ``voice_text``) is one more context turn by the
-        same speaker. ``audio_sampling`` picks codebook 0, ``depth_sampling`` (default: the same)
-        the depth decoder's codebooks."""
-        if guidance.enabled:
+    def build_tts(self, text: str, o: TtsOptions, *, speaker: int = 0, context: Sequence[Turn] = ()) -> StreamRequest:
+        """Speak ``text`` as ``speaker`` after the ``context`` turns (CSM's own options). A
+        voice prompt (``voice_codes`` with its transcript ``voice_text``) is one more context turn
+        by the same speaker. ``audio_sampling`` picks codebook 0, ``depth_sampling`` (default: the
+        same) the depth decoder's codebooks."""
+        if o.guidance.enabled:
             raise InputError("CSM has no classifier-free guidance (its reference generates without it)")
-        if repetition:
+        if o.repetition:
             raise InputError("CSM samples its codebooks in its depth decoder: repetition-aware sampling does not apply")
         turns = list(context)
-        if voice_codes is not None:
-            turns.append(Turn(speaker, voice_text or "", voice_codes))
-        elif voice_text is not None:
+        if o.voice_codes is not None:
+            turns.append(Turn(speaker, o.voice_text or "", o.voice_codes))
+        elif o.voice_text is not None:
             raise InputError("a voice transcript needs the voice's audio")
         prompt = "".join(self._line(t.speaker, t.text) + "<|AUDIO|>" for t in turns) + self._line(speaker, text)
-        frames = max_frames + 1  # the end frame is part of the output
+        frames = o.max_frames + 1  # the end frame is part of the output
         return StreamRequest(
             prompt_ids=self.tokenizer.encode(prompt, add_special_tokens=False),
             audio_items=[t.codes for t in turns],
             max_tokens=frames,
-            text=text_sampling,
-            audio=audio_sampling,
-            depth=depth_sampling,
-            seed=seed,
+            text=o.text_sampling,
+            audio=o.audio_sampling,
+            depth=o.depth_sampling,
+            seed=o.seed,
             stop_token_ids=[self.spec.audio_eos_id],
             starts_in_audio=True,
             max_frames=frames,  # never forced: CSM ends by its end frame or by max_tokens
-            min_frames=self.min_frames if min_frames is None else min_frames,
-            tag=tag,
+            min_frames=o.min_frames,
+            tag=o.tag,
         )
 
     def audio_segments(self, out: StreamOutput, starts_in_audio: bool = True) -> list[np.ndarray]:

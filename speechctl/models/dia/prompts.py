@@ -11,13 +11,16 @@ generated, without the voice prompt's frames.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.params import Sampling
 from speechctl.engine.requests import StreamRequest
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import InputError
 from speechctl.models.encoder_decoder_prompts import EncoderDecoderPrompts
+from speechctl.models.prompting import TtsOptions
 
 SPEAKER_BYTES = {"[S1]": b"\x01", "[S2]": b"\x02"}
 
@@ -38,23 +41,19 @@ class DiaPrompts(EncoderDecoderPrompts):
         super().__init__(spec, tokenizer)
         self.max_text_bytes = max_text_bytes
 
-    def tts(self, text: str, *, voice_codes: np.ndarray | None = None, voice_text: str | None = None,
-            text_sampling: Sampling = GREEDY, audio_sampling: Sampling = GREEDY, depth_sampling: Sampling | None = None,
-            seed: int | None = None, max_frames: int = 1000, min_frames: int | None = None,
-            guidance: Guidance = NO_GUIDANCE, repetition: tuple[int, int] | None = None, tag: object = None) -> StreamRequest:
+    def build_tts(self, text: str, o: TtsOptions) -> StreamRequest:
         """A TTS request; ``voice_codes`` [9, T] with its transcript ``voice_text`` continue a
         voice. ``guidance`` in the runtime's terms (``Checkpoint.guidance`` converts Dia's)."""
-        if depth_sampling is not None or repetition:
+        if o.depth_sampling is not None or o.repetition:
             raise InputError("Dia has neither a depth decoder nor repetition-aware sampling")
-        if voice_text is not None and voice_codes is None:
+        if o.voice_text is not None and o.voice_codes is None:
             raise InputError("a voice transcript needs the voice's audio")
-        ids = dia_text_ids(f"{voice_text.strip()} {text.strip()}" if voice_text else text)
+        ids = dia_text_ids(f"{o.voice_text.strip()} {text.strip()}" if o.voice_text else text)
         if not len(ids) or len(ids) > self.max_text_bytes:
             raise InputError(f"Dia reads 1 to {self.max_text_bytes} bytes of text, got {len(ids)}")
-        if 0 < audio_sampling.temperature < 1:  # Dia's generate raises it to 1
-            audio_sampling = Sampling(1.0, audio_sampling.top_k, audio_sampling.top_p)
+        audio = o.audio_sampling
+        if 0 < audio.temperature < 1:  # Dia's generate raises it to 1
+            o = replace(o, audio_sampling=Sampling(1.0, audio.top_k, audio.top_p))
         # channel 0's frames, its EOS, then the other channels' flush to their own EOS
-        steps = max_frames + self.spec.pattern.max_delay + 1
-        return self.request(ids, np.zeros_like(ids), codes=voice_codes, max_frames=max_frames, max_tokens=steps,
-                            audio=audio_sampling, guidance=guidance, seed=seed, min_frames=min_frames,
-                            text=text_sampling, tag=tag)
+        steps = o.max_frames + self.spec.pattern.max_delay + 1
+        return self.request(ids, np.zeros_like(ids), o, max_tokens=steps)

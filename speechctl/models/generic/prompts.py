@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.params import GREEDY, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import complete_frames
 from speechctl.errors import EngineError, InputError
-from speechctl.models.prompting import PromptBuilder
+from speechctl.models.prompting import PromptBuilder, TtsOptions
 
 
 class MultiStreamPrompts(PromptBuilder):
@@ -28,48 +28,33 @@ class MultiStreamPrompts(PromptBuilder):
         s = self.spec
         return [s.audio_bos_id, s.audio_id, s.audio_eos_id]
 
-    def tts(
-        self,
-        text: str,
-        *,
-        voice_codes: np.ndarray | None = None,
-        voice_text: str | None = None,
-        text_sampling: Sampling = GREEDY,
-        audio_sampling: Sampling = GREEDY,
-        depth_sampling: Sampling | None = None,
-        seed: int | None = None,
-        max_frames: int = 1000,
-        min_frames: int | None = None,
-        guidance: Guidance = NO_GUIDANCE,
-        repetition: tuple[int, int] | None = None,
-        tag: object = None,
-    ) -> StreamRequest:
-        if voice_text is not None:
+    def build_tts(self, text: str, o: TtsOptions) -> StreamRequest:
+        if o.voice_text is not None:
             raise InputError("this model's prompts take no voice transcript (voice_text)")
-        if depth_sampling is not None:
+        if o.depth_sampling is not None:
             raise InputError("this model has no depth decoder (depth_sampling)")
         s = self.spec
         ids = [s.bos_id, s.task_ids["tts"]]
         items = []
-        if voice_codes is not None:
+        if o.voice_codes is not None:
             ids += self._audio_ids()
-            items.append(voice_codes)
+            items.append(o.voice_codes)
         ids += self._text_ids(text) + [s.audio_bos_id]
         return StreamRequest(
-            repetition=repetition,
-            guidance=guidance,
-            uncond_prompt_ids=self.unconditional(ids, items) if guidance.enabled else None,
+            repetition=o.repetition,
+            guidance=o.guidance,
+            uncond_prompt_ids=self.unconditional(ids, items) if o.guidance.enabled else None,
             prompt_ids=ids,
             audio_items=items,
-            max_tokens=max_frames + s.pattern.max_delay + 2,
-            text=text_sampling,
-            audio=audio_sampling,
-            seed=seed,
+            max_tokens=o.max_frames + s.pattern.max_delay + 2,
+            text=o.text_sampling,
+            audio=o.audio_sampling,
+            seed=o.seed,
             stop_token_ids=[s.audio_eos_id],
             starts_in_audio=True,
-            max_frames=max_frames,
-            min_frames=self.min_frames if min_frames is None else min_frames,
-            tag=tag,
+            max_frames=o.max_frames,
+            min_frames=o.min_frames,
+            tag=o.tag,
         )
 
     def unconditional(self, prompt_ids: list[int], audio_items: list[np.ndarray]) -> list[int]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import StreamSpec, complete_frames
 from speechctl.errors import EngineError, InputError
-from speechctl.models.prompting import PromptBuilder
+from speechctl.models.prompting import PromptBuilder, TtsOptions
 
 DEFAULT_SYSTEM = "Generate audio following instruction."
 DEFAULT_SCENE = "Audio is recorded from a quiet room."
@@ -66,46 +65,31 @@ class HiggsAudioV2Prompts(PromptBuilder):
         parts.append(f"<|start_header_id|>assistant<|end_header_id|>\n\n{_TOKENS['audio_out_bos']}")
         return "".join(parts)
 
-    def tts(
-        self,
-        text: str,
-        *,
-        voice_codes: np.ndarray | None = None,
-        voice_text: str | None = None,
-        text_sampling: Sampling = GREEDY,
-        audio_sampling: Sampling = GREEDY,
-        depth_sampling: Sampling | None = None,
-        seed: int | None = None,
-        max_frames: int = 1000,
-        min_frames: int | None = None,
-        guidance: Guidance = NO_GUIDANCE,
-        repetition: tuple[int, int] | None = None,
-        tag: object = None,
-    ) -> StreamRequest:
+    def build_tts(self, text: str, o: TtsOptions) -> StreamRequest:
         """A TTS request; ``voice_codes`` [K, T] (codec codes of reference audio) with its
         transcript ``voice_text`` clone a voice."""
-        if depth_sampling is not None:
+        if o.depth_sampling is not None:
             raise InputError("Higgs Audio v2 has no depth decoder (depth_sampling)")
-        if guidance.enabled:
+        if o.guidance.enabled:
             raise InputError("Higgs Audio v2 has no classifier-free guidance (its reference generates without it)")
-        if voice_text is not None and voice_codes is None:
+        if o.voice_text is not None and o.voice_codes is None:
             raise InputError("a voice transcript needs the voice's audio")
-        prompt = self.prompt_text(text, voice_text, with_voice=voice_codes is not None)
+        prompt = self.prompt_text(text, o.voice_text, with_voice=o.voice_codes is not None)
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         K = self.spec.num_codebooks
         return StreamRequest(
-            repetition=repetition,
+            repetition=o.repetition,
             prompt_ids=ids,
-            audio_items=[] if voice_codes is None else [voice_codes],
-            max_tokens=max_frames + K + 2,  # BOS frame, frames, at most K + 1 ending steps
-            text=text_sampling,
-            audio=audio_sampling,
-            seed=seed,
+            audio_items=[] if o.voice_codes is None else [o.voice_codes],
+            max_tokens=o.max_frames + K + 2,  # BOS frame, frames, at most K + 1 ending steps
+            text=o.text_sampling,
+            audio=o.audio_sampling,
+            seed=o.seed,
             stop_token_ids=[self.spec.audio_eos_id],
             starts_in_audio=True,
-            max_frames=max_frames,
-            min_frames=self.min_frames if min_frames is None else min_frames,
-            tag=tag,
+            max_frames=o.max_frames,
+            min_frames=o.min_frames,
+            tag=o.tag,
         )
 
     def audio_segments(self, out: StreamOutput, starts_in_audio: bool = True) -> list[np.ndarray]:

@@ -187,7 +187,7 @@ class MusicgenForConditionalGeneration(EncoderDecoderModel):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
-        K, V = self.spec.num_codebooks, self.vocab_size
+        V = self.vocab_size
         loaded = set()
         for name, w in weights:
             if name.startswith("audio_encoder.") or name == "text_encoder.encoder.embed_tokens.weight":

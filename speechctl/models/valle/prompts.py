@@ -21,12 +21,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from speechctl.engine.params import GREEDY, NO_GUIDANCE, Guidance, Sampling
+from speechctl.engine.params import GREEDY, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import DelayPattern, StreamSpec
 from speechctl.errors import InputError
 from speechctl.models.generic.prompts import MultiStreamPrompts
-from speechctl.models.prompting import PromptBuilder
+from speechctl.models.prompting import PromptBuilder, TtsOptions
 
 
 class NarInputs(NamedTuple):
@@ -45,50 +45,35 @@ class VallePrompts(MultiStreamPrompts):
         ar = replace(spec, pattern=DelayPattern((0,), spec.pattern.codebook_size))
         self.ar = MultiStreamPrompts(ar, tokenizer)  # reads the AR stage's outputs (codebook 1)
 
-    def tts(
-        self,
-        text: str,
-        *,
-        voice_codes: np.ndarray | None = None,
-        voice_text: str | None = None,
-        text_sampling: Sampling = GREEDY,
-        audio_sampling: Sampling = GREEDY,
-        depth_sampling: Sampling | None = None,
-        seed: int | None = None,
-        max_frames: int = 1000,
-        min_frames: int | None = None,
-        guidance: Guidance = NO_GUIDANCE,
-        repetition: tuple[int, int] | None = None,
-        tag: object = None,
-    ) -> StreamRequest:
+    def build_tts(self, text: str, o: TtsOptions) -> StreamRequest:
         """``audio_sampling``: codebook 1 (the AR stage); ``depth_sampling``: codebooks 2..K (the
         NAR stage; greedy by default, as VALL-E decodes them)."""
-        if repetition is not None:
+        if o.repetition is not None:
             raise InputError(f"{self.title} has no repetition-aware sampling")
         s = self.spec
-        words = text if voice_text is None else f"{voice_text} {text}"
+        words = text if o.voice_text is None else f"{o.voice_text} {text}"
         ids = [s.bos_id, s.task_ids["tts"], *self._text_ids(words), s.audio_bos_id]
         items = []
-        if voice_codes is not None:
-            items.append(self._voice(voice_codes))
+        if o.voice_codes is not None:
+            items.append(self._voice(o.voice_codes))
             ids += [s.audio_id, s.audio_eos_id, s.audio_bos_id]
-        elif voice_text is not None:
+        elif o.voice_text is not None:
             raise InputError("voice_text: a transcript needs its voice (voice_codes)")
         return StreamRequest(
             prompt_ids=ids,
             audio_items=items,
-            max_tokens=max_frames + 2,  # T codes, the EOS step, <|audio_eos|>
-            text=text_sampling,
-            audio=audio_sampling,
-            depth=depth_sampling if depth_sampling is not None else GREEDY,  # the NAR stage takes it
-            seed=seed,
+            max_tokens=o.max_frames + 2,  # T codes, the EOS step, <|audio_eos|>
+            text=o.text_sampling,
+            audio=o.audio_sampling,
+            depth=o.depth_sampling if o.depth_sampling is not None else GREEDY,  # the NAR stage takes it
+            seed=o.seed,
             stop_token_ids=[s.audio_eos_id],
             starts_in_audio=True,
-            max_frames=max_frames,
-            min_frames=self.min_frames if min_frames is None else min_frames,
-            guidance=guidance,
-            uncond_prompt_ids=self.unconditional(ids, items) if guidance.enabled else None,
-            tag=tag,
+            max_frames=o.max_frames,
+            min_frames=o.min_frames,
+            guidance=o.guidance,
+            uncond_prompt_ids=self.unconditional(ids, items) if o.guidance.enabled else None,
+            tag=o.tag,
         )
 
     def _voice(self, codes) -> np.ndarray:
