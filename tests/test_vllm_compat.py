@@ -144,6 +144,30 @@ def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
         cleanup_dist_env_and_memory()
 
 
+@pytest.mark.engine
+def test_closing_one_engine_leaves_the_others_running(tiny_checkpoint):
+    """Two engines in one process (chat's Whisper and TTS; an API user's two models): shutting
+    one down must not take the process's distributed state with it (0.32's client finalizer
+    runs ``EngineCore.shutdown``, which ends in ``cleanup_dist_env_and_memory``; the other engine
+    then failed its next step: ``release_engine``)."""
+    from speechctl.engine.engine import EngineConfig, SpeechEngine
+
+    config = EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", kv_cache_bytes=1 << 26)
+    kept, dropped = SpeechEngine(tiny_checkpoint, config), SpeechEngine(tiny_checkpoint, config)
+
+    def speak(engine):
+        (out,) = engine.generate([engine.prompt_builder().tts("hello", max_frames=3, min_frames=3)])
+        assert out.error is None and len(out.aux) > 0
+        return out
+
+    speak(dropped)
+    dropped.shutdown()
+    del dropped
+    first = speak(kept)
+    assert speak(kept).aux.tolist() == first.aux.tolist()
+    kept.shutdown()
+
+
 def _check_view(worker):
     import torch
 

@@ -512,6 +512,6 @@ class WhisperAsr:
 
             self._llm = self._engine = None
             self._aligner = self.decoding = self.encoder = None  # they hold the runner's KV cache and model
-            vllm_compat.stop_worker_processes(llm.llm_engine)
+            vllm_compat.release_engine(llm.llm_engine)
             del llm
             vllm_compat.collect_dropped_engines()

@@ -352,7 +352,7 @@ class SpeechEngine:
         engine = getattr(self, "_vllm", None)
         if engine is not None:
             self._vllm = None
-            vllm_compat.stop_worker_processes(engine)
+            vllm_compat.release_engine(engine)
             del engine
             vllm_compat.collect_dropped_engines()
 

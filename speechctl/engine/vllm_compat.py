@@ -22,8 +22,9 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   captured as a full CUDA graph of a uniform decode batch.
 * engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
   ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
-  ``check_independent_replica`` (never in a vLLM DP group), ``stop_worker_processes`` (0.26 keeps
-  TP workers until collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
+  ``check_independent_replica`` (never in a vLLM DP group), ``release_engine`` (0.26 keeps
+  TP workers until collected; 0.32 tears down the process's distributed state when one engine
+  goes), ``collect_dropped_engines`` (vLLM's frozen GC heap).
 * ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
   forward (CSM's depth decoder, benchmarks).
 * ``grouped_mlp`` / ``grouped_mlp_available`` (vLLM's fused MoE kernel as a two-expert MLP:
@@ -219,20 +220,38 @@ def collect_dropped_engines() -> None:
         torch.cuda.empty_cache()  # give the freed memory back to other processes too
 
 
-def stop_worker_processes(llm_engine) -> None:
-    """Stop the rank processes of an engine this process is dropping (tensor parallelism's
-    workers: ``MultiprocExecutor``, 0.26 and 0.32). 0.32's in-process client stops them when it is
-    collected (a finalizer); 0.26's has none, and the executor's own finalizer waits for the
-    executor to be collected, which a reference that survives can postpone for as long as the
-    process lives (seen on the H200: after a TP=2 engine's shutdown its two workers still held
-    123 GiB on each GPU and the next engine would not start). Only the executor is shut down:
-    ``EngineCore.shutdown`` would also tear down this process's distributed state, which the
-    engines still live here use."""
+def release_engine(llm_engine) -> None:
+    """Let go of an engine this process is dropping without breaking the ones still live here.
+
+    * 0.32's in-process client shuts its ``EngineCore`` down when collected (a
+      ``weakref.finalize``), and ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory``:
+      the process's distributed state goes, and every other live engine fails its next step
+      ("pipeline model parallel group is not initialized": a TTS engine after a Whisper engine
+      of the same process was closed). Here the finalizer is detached and the core's parts shut
+      down (structured output, executor, scheduler) without that teardown while other engines
+      live; the last engine of the process shuts down whole, as the finalizer would have.
+    * 0.26's client has no finalizer, and the executor's own waits for the executor to be
+      collected, which a surviving reference can postpone for as long as the process lives (seen
+      on the H200: after a TP=2 engine's shutdown its two workers still held 123 GiB on each GPU
+      and the next engine would not start): its ``MultiprocExecutor`` is shut down here, and
+      nothing else (the distributed state stays, as 0.26 leaves it)."""
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-    executor = llm_engine.engine_core.engine_core.model_executor
-    if isinstance(executor, MultiprocExecutor):
-        executor.shutdown()
+    client = llm_engine.engine_core
+    core = client.engine_core
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None and finalizer.detach() is not None:
+        if any(engine is not llm_engine for engine in list(_LIVE_ENGINES)):
+            core.structured_output_manager.clear_backend()
+            if core.model_executor:
+                core.model_executor.shutdown()
+            if core.scheduler:
+                core.scheduler.shutdown()
+        else:
+            core.shutdown()
+        return
+    if isinstance(core.model_executor, MultiprocExecutor):
+        core.model_executor.shutdown()
 
 
 def check_independent_replica(llm_engine) -> None:

@@ -132,7 +132,7 @@ class TextLm:
 
             self._engine = None
             self._live.clear()
-            vllm_compat.stop_worker_processes(engine)
+            vllm_compat.release_engine(engine)
             del engine
             vllm_compat.collect_dropped_engines()
 
