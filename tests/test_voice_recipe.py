@@ -366,6 +366,26 @@ def test_export_is_speechctls_layout(lm_parts):
 
 
 @pytest.mark.engine
+@needs_espeak
+def test_round_trip_table_hears_the_synthesizer_and_runs_the_voice(lm_parts, tmp_path):
+    """``eval-voice`` (issue 20's table) on a tiny exported voice: espeak-ng's own held-out audio
+    is transcribed well by Whisper (the table measures something), its codec reconstruction and
+    the (random) voice get rows of their own, one per sampling setting; the files are written."""
+    from recipes.voice.evaluate import eval_voice
+
+    _, model_dir = lm_parts
+    report = eval_voice(model_dir, tmp_path / "data", tmp_path / "out", limit=2, samplings=((0.8, 5), (0.0, 1)),
+                        keep_wavs=1, command="python -m recipes.voice eval-voice ...")
+    rows = report["rows"]
+    assert [r["audio"].split(",")[0] for r in rows] == [
+        "espeak-ng (the training synthesizer)", "espeak-ng through the voice's codec", "speechctl's voice", "speechctl's voice"]
+    assert rows[0]["wer"] <= 0.25  # "The quick brown fox ..." and "Hello world." as espeak-ng says them
+    assert all(r["wer"] >= 0 for r in rows) and rows[2]["seconds_of_audio"] > 0
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| speechctl's voice, temperature 0, top-k 1 |" in table and "eval-voice" in table
+    assert (tmp_path / "out" / "000-voice-t0.8-k5.wav").is_file()
+
+
 def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
     """Train on one utterance until it is memorized; speechctl's engine (vLLM, greedy) must then
     give back exactly its codes and stop there: teacher forcing and decoding agree, EOS included.

@@ -70,6 +70,18 @@ def main(argv=None) -> None:
     q.add_argument("--limit", type=int, default=None)
     q.add_argument("--asr", default="whisper-tiny.en", help="speechctl ASR model for the WER ('' to skip)")
 
+    q = sub.add_parser("eval-voice", help="issue 20's round-trip table: espeak-ng, its codec reconstruction and "
+                                          "the exported voice through speechctl, Whisper's WER on each")
+    q.add_argument("--model", default=".voice/model", help="an exported voice (python -m recipes.voice export)")
+    q.add_argument("--data", default=".voice/heldout-data",
+                   help="a data directory; made (the held-out sentences only) when it has none")
+    q.add_argument("--out", required=True)
+    q.add_argument("--limit", type=int, default=40)
+    q.add_argument("--sampling", action="append", default=None, metavar="TEMPERATURE:TOP_K",
+                   help="a row of the voice per setting (repeatable; default 0.8:50)")
+    q.add_argument("--seed", type=int, default=1234)
+    q.add_argument("--asr", default="whisper-tiny.en")
+
     q = sub.add_parser("dryrun", help="the whole recipe at tiny scale on this CPU (minutes)")
     q.add_argument("--work", default=".voice/dryrun")
     q.add_argument("--codec-steps", type=int, default=60)
@@ -132,6 +144,15 @@ def main(argv=None) -> None:
         from recipes.voice.evaluate import eval_codec
 
         eval_codec(Path(args.codec_model), Path(args.data), Path(args.out), args.limit, args.asr or None)
+    elif args.command == "eval-voice":
+        import shlex
+
+        from recipes.voice.evaluate import eval_voice
+
+        samplings = [(float(t), int(k)) for t, k in (item.split(":") for item in args.sampling or ["0.8:50"])]
+        command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
+        eval_voice(Path(args.model), Path(args.data), Path(args.out), args.limit, samplings, args.seed, args.asr,
+                   command=command)
     elif args.command == "dryrun":
         from recipes.voice.dryrun import dryrun
 
