@@ -32,7 +32,7 @@ for stage in "$@"; do
   case "$stage" in
     tests|tests-engine|tests-families)
       case "$stage" in
-        tests-engine) TESTS=${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py tests/test_parity.py tests/test_cfg.py} ;;
+        tests-engine) TESTS=${TESTS:-tests/test_readback.py tests/test_step_graphs.py tests/test_vllm_compat.py tests/test_parity.py tests/test_cfg.py} ;;
         tests-families) TESTS=${TESTS:-tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} ;;
       esac
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1

@@ -14,10 +14,12 @@ def test_host_ring_stays_on_the_host_under_a_default_device_context():
     # vLLM builds the model, and so the runtime's buffers, under `with torch.device(<gpu>)`: a
     # host buffer that does not name the CPU lands on the GPU there (on CUDA, pinning it then
     # fails: "Only dense CPU tensors can be pinned", the H200's eleventh-session failure)
-    with torch.device("meta"):
-        rb = _readback(torch.device("meta"))
-    assert rb.record.device.type == "meta"
+    device = torch.device("cuda" if torch.cuda.is_available() else "meta")
+    with device:
+        rb = _readback(device)
+    assert rb.record.device.type == device.type
     assert all(copy.host.device.type == "cpu" for copy in rb._ring)
+    assert all(copy.host.is_pinned() for copy in rb._ring) == (device.type == "cuda")
 
 
 def test_rows_land_in_the_mirror_of_their_slot_and_epoch_only():
