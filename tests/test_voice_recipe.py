@@ -166,16 +166,21 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
 
 @needs_espeak
 def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
-    """A chained call (``codec resume`` with nothing carried) continues the codec this machine
-    trained in its previous call; a fresh machine with nothing carried says so in one line."""
+    """A chained call (``codec resume``) continues the codec this machine trained in its previous
+    call, also where an older pack an earlier call carried is still on the machine (the device
+    keeps ignored paths between calls); a fresh machine takes the pack; with neither, one line."""
     from recipes.voice import stages
 
     recipe = replace(preset("tiny"), data=DataConfig(hours=0.004, heldout=2, max_chars=60))
-    stages.run_codec(recipe, tmp_path / "machine", None, minutes=30, max_steps=2)
+    stages.run_codec(recipe, tmp_path / "machine", tmp_path / "pack", minutes=30, max_steps=2)  # the pack: step 2
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
-        stages.run_codec(recipe, tmp_path / "fresh", None, minutes=30, resume=tmp_path / "carried", max_steps=1)
-    stages.run_codec(recipe, tmp_path / "machine", None, minutes=30, resume=tmp_path / "carried", max_steps=1)
+        stages.run_codec(recipe, tmp_path / "fresh", None, minutes=30, resume=tmp_path / "nothing", max_steps=1)
+    stages.run_codec(recipe, tmp_path / "machine", None, minutes=30, resume=tmp_path / "nothing", max_steps=1)
     assert checkpoint.read_record(tmp_path / "machine" / "codec")["step"] == 3
+    stages.run_codec(recipe, tmp_path / "machine", None, minutes=30, resume=tmp_path / "pack", max_steps=1)
+    assert checkpoint.read_record(tmp_path / "machine" / "codec")["step"] == 4  # its own step 3, not the pack's 2
+    stages.run_codec(recipe, tmp_path / "fresh", None, minutes=30, resume=tmp_path / "pack", max_steps=1)
+    assert checkpoint.read_record(tmp_path / "fresh" / "codec")["step"] == 3
 
 
 def test_codec_falls_back_to_eager_where_the_compiler_fails(tmp_path, monkeypatch):

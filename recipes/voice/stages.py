@@ -79,6 +79,18 @@ def _unpack_into(carried: Path, name: str, dest: Path) -> Path:
 # -- stages -------------------------------------------------------------------------------------
 
 
+def _resume_into(carried: Path, name: str, ckpt: Path) -> str:
+    """Where a resumed run starts: this machine's own checkpoint ``ckpt`` when it has one (a call
+    chained within the machine's warm time: newer than any pack, and a pack an earlier call carried
+    stays on the machine between calls, older), else the pack carried in ``carried``."""
+    if (ckpt / "state.pt").is_file():
+        return "this machine's own checkpoint"
+    if (Path(carried) / f"{name}.sha256").is_file():
+        _unpack_into(carried, name, ckpt)
+        return f"the pack carried in {carried}"
+    raise FileNotFoundError(f"nothing to resume: no {name}.sha256 in {carried} and no {ckpt / 'state.pt'}")
+
+
 def run_data(recipe: Recipe, work: Path, out: Path | None, log=print) -> dict:
     from recipes.voice import data
 
@@ -101,17 +113,13 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
     work = Path(work)
     ckpt = work / "codec"
     if resume is not None:
-        if (Path(resume) / "codec.sha256").is_file():
-            _unpack_into(resume, "codec", ckpt)
-        elif not (ckpt / "state.pt").is_file():
-            raise FileNotFoundError(f"nothing to resume: no codec.sha256 in {resume} and no {ckpt / 'state.pt'}")
-        # else: this machine's own checkpoint, from a call chained within its warm time
+        source = _resume_into(resume, "codec", ckpt)
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
     log = Log(ckpt / "log.txt")
     device = device or default_device()
-    log(f"codec: {'resuming' if resume else 'new run'} on {device}, {minutes} min")
+    log(f"codec: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min")
     expected = (checkpoint.read_record(ckpt) or {}).get("data_sha256") if resume else None
     manifest = data.ensure(recipe.data, work / "data-codec", expect_sha256=expected,
                            limit_hours=recipe.codec_train.data_hours, log=log)
@@ -155,11 +163,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
         codec_model = _unpack_into(codec_model, "codec-model", work / "codec-model")
     ckpt = work / "lm"
     if resume is not None:
-        if (Path(resume) / "lm.sha256").is_file():
-            _unpack_into(resume, "lm", ckpt)
-        elif not (ckpt / "state.pt").is_file():
-            raise FileNotFoundError(f"nothing to resume: no lm.sha256 in {resume} and no {ckpt / 'state.pt'}")
-        # else: this machine's own checkpoint, from a call chained within its warm time
+        source = _resume_into(resume, "lm", ckpt)
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -168,7 +172,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
                          codec_train=codec_recipe.codec_train).validate()
     log = Log(ckpt / "log.txt")
     device = device or default_device()
-    log(f"lm: {'resuming' if resume else 'new run'} on {device}, {minutes} min")
+    log(f"lm: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min")
     manifest = data.ensure(recipe.data, work / "data", log=log)
     code_manifest = codes.ensure(codec_model, work / "data", work / "codes", device, manifest["sha256"], log=log)
     codes_sha = code_manifest["splits"]["train"]["codes_sha256"]
