@@ -384,7 +384,10 @@ def test_round_trip_table_hears_the_synthesizer_and_runs_the_voice(lm_parts, tmp
     rows = report["rows"]
     assert [r["audio"].split(",")[0] for r in rows] == [
         "espeak-ng (the training synthesizer)", "espeak-ng through the voice's codec", "speechctl's voice", "speechctl's voice"]
-    assert rows[0]["wer"] <= 0.25  # "The quick brown fox ..." and "Hello world." as espeak-ng says them
+    # "The quick brown fox ..." and "Hello world." as espeak-ng says them: tiny.en hears the fox
+    # and may hear "Hello world." as "The Lord World." (2-3 errors of 11 words; a table that
+    # measured nothing would read most words wrong)
+    assert rows[0]["wer"] <= 0.5 and rows[0]["wer"] < min(r["wer"] for r in rows[2:])  # (the voice: random)
     assert all(r["wer"] >= 0 for r in rows) and rows[2]["seconds_of_audio"] > 0
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| speechctl's voice, temperature 0, top-k 1 |" in table and "eval-voice" in table
