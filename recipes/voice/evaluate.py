@@ -17,18 +17,21 @@ def words(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split()
 
 
-def edit_distance(a: list[str], b: list[str]) -> int:
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
-    return row[-1]
+def word_errors(ref: str, hyp: str) -> int:
+    """Word edits (substitutions, deletions, insertions) from ``ref`` to ``hyp``, on lower-cased
+    words (jiwer, installed with speechctl's test extras)."""
+    import jiwer
+
+    ref_words, hyp_words = words(ref), words(hyp)
+    if not ref_words or not hyp_words:
+        return max(len(ref_words), len(hyp_words))
+    out = jiwer.process_words(" ".join(ref_words), " ".join(hyp_words))
+    return out.substitutions + out.deletions + out.insertions
 
 
 def wer(refs: list[str], hyps: list[str]) -> float:
     """Word error rate over a set (errors / reference words), on lower-cased words."""
-    errors = sum(edit_distance(words(r), words(h)) for r, h in zip(refs, hyps))
+    errors = sum(word_errors(r, h) for r, h in zip(refs, hyps))
     return errors / max(1, sum(len(words(r)) for r in refs))
 
 
