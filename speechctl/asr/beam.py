@@ -68,7 +68,7 @@ class BeamGroup:
                     break
         sequences = [list(s[: s.index(self.eot)]) for s in self.finished]
         scores = list(self.finished.values())
-        best = int(np.argmax([ranking_score(lp, len(t), self.length_penalty) for t, lp in zip(sequences, scores)]))
+        best = rank(sequences, scores, self.length_penalty)
         self.result = (sequences[best], scores[best])
         return self.result
 

@@ -217,7 +217,13 @@ class WhisperDecoding(LogitsProcessor):
         self._row_of_slot = row_of_slot
         for g in self._groups:
             g.rows = [row_of_slot.get(s, -1) for s in g.slots]
-        self._ts_any = any(self.specs[s].timestamps for s in slots.tolist() if s < self.capacity)
+        live = [self.specs[s] for s in slots.tolist() if s < self.capacity]
+        self._ts_any = any(s.timestamps for s in live)
+        # the sampling filters' shapes, from the host's specs (not from the device's buffers: that
+        # would make the host wait for the device at every step)
+        sampled = [s for s in live if s.mode == SAMPLE]
+        self._max_top_k = max((s.top_k for s in sampled), default=0)
+        self._any_top_p = any(s.top_p < 1 for s in sampled)
         self._changed = False
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -328,15 +334,14 @@ class WhisperDecoding(LogitsProcessor):
         token), after top-k / top-p."""
         z = x / self.temp[slot][:, None]
         k = self.top_k[slot]
-        if bool((k > 0).any()):
-            kk = int(k.max())
-            kth = z.topk(min(kk, z.shape[1]), dim=-1).values.gather(1, (k.clamp(min=1) - 1).clamp(max=z.shape[1] - 1)[:, None])
+        if self._max_top_k > 0:
+            kth = z.topk(min(self._max_top_k, z.shape[1]), dim=-1).values.gather(1, (k.clamp(min=1) - 1).clamp(max=z.shape[1] - 1)[:, None])
             z = torch.where((k > 0)[:, None] & (z < kth), float("-inf"), z)
         p = self.top_p[slot]
-        if bool((p < 1).any()):
+        if self._any_top_p:
             sorted_z, order = z.sort(dim=-1, descending=True)
-            cum = sorted_z.softmax(dim=-1).cumsum(dim=-1)
-            drop = (cum - sorted_z.softmax(dim=-1)) > p[:, None]
+            probs = sorted_z.softmax(dim=-1)
+            drop = (probs.cumsum(dim=-1) - probs) > p[:, None]
             z = z.scatter(1, order, sorted_z.masked_fill(drop, float("-inf")))
         u = hash_uniform(self.key[slot], n, z.shape[1])
         return (z - torch.log(-torch.log(u))).argmax(dim=-1)
@@ -382,9 +387,7 @@ class WhisperDecoding(LogitsProcessor):
                     new_src.append((g.rows[dest], g.slots[parent]))
                     if dest != parent:
                         copies.append((g.rows[parent], g.rows[dest], kv_len))
-        for g in stepping:
-            for r in g.rows:
-                beam_free[r] = True
+        beam_free[ridx] = True
         if new_tok:
             r_idx = torch.tensor([r for r, _ in new_tok], dtype=torch.long, device=self.device)
             chosen[r_idx] = torch.tensor([t for _, t in new_tok], dtype=torch.long, device=self.device)

@@ -39,6 +39,7 @@ import numpy as np
 
 from speechctl.accelerator import has_cuda
 from speechctl.asr.segments import MAX_SECONDS, RATE, join_text, plan_windows
+from speechctl.asr.vocab import TIME_PRECISION
 from speechctl.errors import SpeechctlError
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,6 @@ class WhisperAsr:
         from speechctl.asr.checkpoint import DEFAULT_ASR_MODEL, engine_dir, resolve_whisper
         from speechctl.asr.decoder import WhisperDecoding
         from speechctl.asr.encoder_cache import EncoderCache
-        from speechctl.asr.vocab import load_vocab
         from speechctl.engine import vllm_compat
 
         vllm_compat.check_vllm_version()
@@ -148,15 +148,15 @@ class WhisperAsr:
         vllm_compat.track_engine(self._llm.llm_engine)
         self._engine = self._llm.llm_engine
         self.tokenizer = self._llm.get_tokenizer()
-        self.vocab = load_vocab(self.model_dir, self.tokenizer)
         self.hf_config = json.loads((self.model_dir / "config.json").read_text())
-        self.eot = self.vocab.eot
         self.max_positions = self.hf_config["max_target_positions"]
         self.encoder_positions = self.hf_config["max_source_positions"]
         runner = vllm_compat.engine_runner(self._engine)
         self.decoding = vllm_compat.runner_logits_processor(runner, WhisperDecoding)
+        self.vocab = self.decoding.vocab  # (loaded with the tokenizer once, by the logits processor)
         self.decoding.kv = vllm_compat.SelfAttentionKv(runner)
         self.encoder = vllm_compat.share_mm_encoder(runner, EncoderCache(capacity=2 * self.config.max_num_seqs))
+        self.eot = self.vocab.eot
         self.budgets = vllm_compat.scheduler_budgets(self._engine)
         self.max_group = min(self.config.max_group, self.budgets["encoder_tokens"] // self.encoder_positions, self.budgets["sequences"])
         self._free_slots = list(range(self.decoding.capacity))
@@ -282,8 +282,7 @@ class WhisperAsr:
                 raise ValueError(f"--task translate: {self.name} is an English-only model (it cannot translate)")
         elif options.language is not None:
             v.language_token(options.language)
-        widest = max(options.beam_size if 0.0 in options.temperatures else 1,
-                     options.best_of if any(t > 0 for t in options.temperatures) else 1)
+        widest = max(options.lanes(t) for t in options.temperatures)
         if widest > self.max_group:
             raise ValueError(f"beam size / best-of {widest} is more than this engine takes per window ({self.max_group}; WhisperConfig.max_group)")
 
@@ -327,7 +326,7 @@ class WhisperAsr:
                 ready.popleft()
                 continue
             group, prompt, sample_len = self._group_for(state, w, t_index)
-            n = group.beam.size if group.beam is not None else (state.options.best_of if group.temperature > 0 else 1)
+            n = state.options.lanes(group.temperature)
             if n > seqs or n * len(prompt) > tokens or n * self.encoder_positions > encoder or n > len(self._free_slots):
                 break
             ready.popleft()
@@ -342,19 +341,21 @@ class WhisperAsr:
 
         from speechctl.asr.decoder import SLOT_KEY, LaneSpec
         from speechctl.engine import vllm_compat
+        from speechctl.engine.requests import condition_tag
 
         state, options = group.state, group.state.options
         slots = [self._free_slots.pop() for _ in range(n)]
         group.slots = slots
         seed = state.job.seed if getattr(state.job, "seed", None) is not None else self.config.seed
-        base_key = hash((seed, state.job.id, group.window, group.temperature)) & 0x7FFFFFFFFFFFFFFF
+        # a stable hash (Python's hash() of a str changes with every process: seeded jobs would not repeat)
+        base_key = condition_tag(f"{seed}/{state.job.id}/{group.window}/{group.temperature}")
         specs = {}
         for lane, slot in enumerate(slots):
             specs[slot] = LaneSpec(
                 mode=group.mode, forced=group.forced, prompt_len=len(prompt), temperature=group.temperature,
                 top_k=options.top_k, top_p=options.top_p, key=base_key + lane, timestamps=options.timestamps,
                 suppress_blank=options.suppress_blank,
-                max_initial=-1 if options.max_initial_timestamp is None else round(options.max_initial_timestamp / 0.02),
+                max_initial=-1 if options.max_initial_timestamp is None else round(options.max_initial_timestamp / TIME_PRECISION),
                 group=group.beam, lane=lane, lane0_slot=slots[0],
             )
         self.decoding.open_lanes(specs)
