@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from speechctl.api import AsrJob
-from speechctl.asr import WhisperAsr, WhisperConfig, WhisperOptions
+from speechctl.asr import PLAIN_GREEDY, WhisperAsr, WhisperConfig
 from speechctl.asr.checkpoint import whisper_dir
 from speechctl.audio import read_audio
 
@@ -35,7 +35,7 @@ for n, s in {"13": 61.0, "19": 250.5, "23": 470.0}.items():
 
 # The record's decoding (speechctl's default before beam search): greedy, no timestamps, no
 # fallback, no context, no no-speech drop, so that its tokens compare with the CPU record.
-GREEDY = WhisperOptions(beam_size=1, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False, no_speech_threshold=None)
+GREEDY = PLAIN_GREEDY
 
 
 def wer(hyps):

@@ -119,10 +119,9 @@ class Speechctl:
 
     def run(self, audio, mode, batch):
         from speechctl.api import AsrJob
-        from speechctl.asr import WhisperOptions
+        from speechctl.asr import PLAIN_GREEDY
 
-        opts = WhisperOptions(beam_size=MODES[mode], temperatures=(0.0,), timestamps=False, condition_on_previous_text=False,
-                              no_speech_threshold=None)
+        opts = PLAIN_GREEDY.with_(beam_size=MODES[mode])
         jobs = [AsrJob(id=str(i), audio=a, whisper=opts, max_tokens=self.max_tokens) for i, a in enumerate(audio)]
         self.asr.encoder.cache.clear()  # every measurement encodes its windows (no outputs kept from the last)
         t = time.perf_counter()

@@ -231,7 +231,7 @@ class Speech:
                 speech_out.append(tag)
                 codes.append(segment)
             else:
-                yield AsrResult(job.id, self.prompts.text(out))
+                yield AsrResult(job.id, self.prompts.text(out), duration=len(job.audio) / self.sample_rate)
         decodes.submit(list(zip(speech_out, codes)), codes)
 
     def _decoded(self, decodes, wait: bool = False) -> Iterator[Result]:

@@ -134,10 +134,9 @@ def _write_output(item: ManifestItem, result, out_dir: Path) -> str | None:
                 record["segments"] = [s.to_dict() for s in result.segments]
             write_json_atomic(path, record)
         elif item.fields["format"] in ("srt", "vtt"):  # subtitles: Whisper's segments (a speech LM's: one cue)
-            from speechctl.asr.segments import Segment, render
+            from speechctl.asr.segments import render, result_segments
 
-            segments = result.segments if result.segments is not None else [Segment(0.0, 0.0, result.text or "")]
-            write_text_atomic(path, render(item.fields["format"], result.text, segments))
+            write_text_atomic(path, render(item.fields["format"], result.text, result_segments(result)))
         else:
             write_text_atomic(path, result.text + "\n")
     except InputError as e:

@@ -89,6 +89,7 @@ class AsrResult:
     segments: list | None = None  # Whisper: [speechctl.asr.segments.Segment] with start/end seconds
     tokens: list | None = None  # Whisper: generated token ids of each window
     language: str | None = None  # Whisper: the language code (given or detected)
+    duration: float | None = None  # seconds of the input audio
     task = "asr"
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from speechctl.api import AsrJob
-from speechctl.asr.options import WhisperOptions
+from speechctl.asr.options import PLAIN_GREEDY, WhisperOptions
 from test_asr_reference import Reference, hf_generate, speech_clips
 
 pytestmark = pytest.mark.engine
 CLIPS = ["01", "05", "06", "07", "09", "12", "13", "22"]
 # Like for like with the reference's ``decode``: one temperature, no context, no timestamps.
-PLAIN = dict(temperatures=(0.0,), condition_on_previous_text=False, timestamps=False, no_speech_threshold=None)
+PLAIN = PLAIN_GREEDY.with_(beam_size=5)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def clips():
 
 
 def decode(asr, clips, **options):
-    opts = WhisperOptions(**(PLAIN | options))
+    opts = PLAIN.with_(**options)
     return {r.id: r for r in asr.run(AsrJob(id=n, audio=a, whisper=opts) for n, a in clips.items())}
 
 
@@ -106,7 +106,7 @@ def test_the_encoder_runs_once_per_window_whatever_the_beam_and_the_fallback(asr
     encoder.forward = counting
     try:
         groups = asr.stats["groups"]
-        opts = WhisperOptions(**(PLAIN | dict(temperatures=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), logprob_threshold=0.0)))
+        opts = PLAIN.with_(temperatures=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), logprob_threshold=0.0)
         results = {r.id: r for r in asr.run(AsrJob(id=n, audio=a, whisper=opts, max_tokens=30) for n, a in fresh.items())}
     finally:
         encoder.forward = forward
@@ -118,7 +118,7 @@ def test_the_encoder_runs_once_per_window_whatever_the_beam_and_the_fallback(asr
 
 def test_sampling_is_reproducible_and_seeded(asr, clips):
     def sample(seed):
-        opts = WhisperOptions(**(PLAIN | dict(temperatures=(0.8,), best_of=3)))
+        opts = PLAIN.with_(temperatures=(0.8,), best_of=3)
         jobs = (AsrJob(id=n, audio=a, whisper=opts, seed=seed, max_tokens=30) for n, a in clips.items())
         return {r.id: r.tokens for r in asr.run(jobs)}
 
@@ -154,7 +154,7 @@ def test_long_audio_prompts_each_window_with_the_text_before_it(asr, reference):
     clips = speech_clips()
     gap = np.zeros(4800, np.float32)
     audio = np.concatenate([x for c in clips.values() for x in (c, gap)])
-    opts = WhisperOptions(**(PLAIN | dict(condition_on_previous_text=True, beam_size=2)))
+    opts = PLAIN.with_(condition_on_previous_text=True, beam_size=2)
     (ours,) = asr.run([AsrJob(id="long", audio=audio, whisper=opts)])
     windows = plan_windows(audio)
     assert len(windows) >= 3 and len(ours.tokens) == len(windows)

@@ -10,12 +10,12 @@ finalisation with the unfinished beams)."""
 import pytest
 
 from speechctl.api import AsrJob
-from speechctl.asr.options import WhisperOptions
+from speechctl.asr.options import PLAIN_GREEDY
 from test_asr_reference import RATE, Reference, hf_generate, make_checkpoint, noise_audio
 
 pytestmark = pytest.mark.engine
 LENGTH = 12
-GREEDY = WhisperOptions(beam_size=1, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False, no_speech_threshold=None)
+GREEDY = PLAIN_GREEDY
 _ENGINES = []  # kept until the process ends: freeing a vLLM engine tears down state other engines use
 
 

@@ -103,3 +103,21 @@ def test_sampling_noise_is_uniform_and_a_function_of_key_and_step():
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
     v = hash_uniform(torch.tensor([1]), torch.tensor([6]), 100_000)
     assert abs(float(torch.corrcoef(torch.stack([u[0], v[0]]))[0, 1])) < 0.02
+
+
+def test_a_seeded_draw_has_the_same_key_in_every_process():
+    """The sampling key is a stable hash of (seed, job, window, temperature): two processes with
+    different ``PYTHONHASHSEED`` (Python's str hash differs between them) give the same key, so
+    a seeded job samples the same tokens in every run; each part of the identity changes it."""
+    import os
+    import subprocess
+    import sys
+
+    from speechctl.asr.whisper import sampling_key
+
+    code = "from speechctl.asr.whisper import sampling_key; print(sampling_key(7, 'job', 2, 0.4))"
+    keys = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(h)},
+                           capture_output=True, text=True, check=True).stdout.strip() for h in (1, 2)}
+    assert keys == {str(sampling_key(7, "job", 2, 0.4))}
+    variants = [(7, "job", 2, 0.4), (8, "job", 2, 0.4), (7, "job2", 2, 0.4), (7, "job", 3, 0.4), (7, "job", 2, 0.6)]
+    assert len({sampling_key(*v) for v in variants}) == len(variants)

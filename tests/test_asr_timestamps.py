@@ -65,7 +65,7 @@ def test_segments_from_timestamp_tokens():
     from speechctl.asr.transcript import token_segments
     from speechctl.asr.vocab import WhisperVocab
 
-    v = WhisperVocab(eot=50256, sot=50257, sot_prev=50360, sot_lm=50359, no_speech=50361, no_timestamps=50362, transcribe=None,
+    v = WhisperVocab(eot=50256, sot=50257, sot_prev=50360, no_speech=50361, no_timestamps=50362, transcribe=None,
                      translate=None, languages={}, vocab_size=51864, suppress=(), begin_suppress=(), alignment_heads=())
     t = lambda s: v.timestamp_begin + round(s / 0.02)  # noqa: E731
     window = Window(start=10 * RATE, end=20 * RATE, speech_start=10 * RATE, speech_end=19 * RATE)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from speechctl.api import AsrJob
-from speechctl.asr.options import WhisperOptions
+from speechctl.asr.options import PLAIN_GREEDY, WhisperOptions
 from speechctl.asr.segments import RATE, plan_windows
 from speechctl.audio import read_audio
 from speechctl.cli import cli
@@ -27,7 +27,7 @@ SENTENCES = (SAMPLES / "sentences.txt").read_text().splitlines()
 SPEECH = [f"{i:02d}" for i in range(1, len(SENTENCES) + 1)]
 PROMPT, EOT = [50257, 50362], 50256
 # transformers' greedy generate: one temperature, no context, no timestamps, no no-speech drop
-GREEDY = WhisperOptions(beam_size=1, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False, no_speech_threshold=None)
+GREEDY = PLAIN_GREEDY
 # faster-whisper's settings in the WER table (its other settings are its defaults, OpenAI's)
 LIKE_FASTER_WHISPER = dict(temperatures=(0.0,), timestamps=False, condition_on_previous_text=False)
 

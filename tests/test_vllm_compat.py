@@ -528,7 +528,7 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
     """On a tiny random Whisper engine: the runner, the decoding logits processor, the budgets,
     one self-attention KV group whose layers' block dimension has the cache's block count, a KV
     block copy that moves exactly the blocks named, and one encoder pass for a window's beams."""
-    from speechctl.asr import WhisperAsr, WhisperConfig, WhisperOptions
+    from speechctl.asr import PLAIN_GREEDY, WhisperAsr, WhisperConfig
     from speechctl.asr.decoder import WhisperDecoding
     from speechctl.jobs import AsrJob
     from test_asr_reference import make_checkpoint, noise_audio
@@ -560,8 +560,7 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
             for c, s in zip(kv.caches, saved):
                 c.copy_(s)
         encoded = asr.encoder.encoded
-        options = WhisperOptions(beam_size=3, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False,
-                                 no_speech_threshold=None)
+        options = PLAIN_GREEDY.with_(beam_size=3)
         (result,) = asr.run([AsrJob(id="a", audio=noise_audio(1.0, 3), whisper=options, max_tokens=4)])
         assert result.error is None and len(result.tokens[0]) == 4
         assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass

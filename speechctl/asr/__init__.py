@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from speechctl.asr.checkpoint import BUILTIN, DEFAULT_ASR_MODEL, ensure_whisper, is_whisper, resolve_whisper, whisper_dir
-from speechctl.asr.options import WhisperOptions
+from speechctl.asr.options import PLAIN_GREEDY, WhisperOptions
 from speechctl.asr.whisper import WhisperAsr, WhisperConfig
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_ASR_MODEL",
     "WhisperAsr",
     "WhisperConfig",
+    "PLAIN_GREEDY",
     "WhisperOptions",
     "ensure_whisper",
     "is_whisper",

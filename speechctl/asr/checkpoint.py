@@ -70,11 +70,10 @@ def resolve_whisper(model: str | Path | None) -> Path:
         return ensure_whisper(str(model) if model is not None else DEFAULT_ASR_MODEL)
     path = Path(model).expanduser()
     if not path.exists() and hub.is_hub_id(str(model)):
+        snapshot = hub.checkpoint_snapshot(str(model))  # its errors name the download already
         try:
-            return checked_whisper_dir(hub.checkpoint_snapshot(str(model)), model)
-        except ModelError as e:
-            if "huggingface-cli download" in str(e):
-                raise
+            return checked_whisper_dir(snapshot, model)
+        except ModelError as e:  # a cached snapshot that lacks files
             repo, revision = hub.split_hub_id(str(model))
             raise ModelError(f"{e}; fetch it with `{hub.download_command(repo, revision)}`") from None
     if not path.is_dir():
@@ -102,9 +101,9 @@ def checked_whisper_dir(path: Path, model) -> Path:
 def whisper_weights(path: Path):
     """The weight files transformers would load from the Whisper directory ``path``
     (``models.weights.select_weights``)."""
-    from speechctl.models.weights import select_weights
+    from speechctl.models.weights import read_config, select_weights
 
-    return select_weights(path, json.loads((Path(path) / "config.json").read_text()))
+    return select_weights(path, read_config(path))
 
 
 def engine_dir(path: Path) -> Path:

@@ -101,3 +101,11 @@ def resolve_options(job, default: WhisperOptions | None = None) -> WhisperOption
     if sampling.temperature > 0:
         return base.with_(temperatures=(sampling.temperature,), top_k=max(0, sampling.top_k), top_p=sampling.top_p)
     return base
+
+
+# Decoding as transformers' plain ``generate()`` runs it: one window's tokens at temperature 0 and
+# nothing else (no timestamp tokens, no previous-text prompt, no fallback, no window dropped as
+# silence). What the parity tests and the speed benches compare against transformers with;
+# ``.with_(beam_size=N)`` for its beam search.
+PLAIN_GREEDY = WhisperOptions(beam_size=1, temperatures=(0.0,), timestamps=False, condition_on_previous_text=False,
+                              no_speech_threshold=None)

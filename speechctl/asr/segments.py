@@ -137,6 +137,14 @@ def join_text(segments: list[Segment]) -> str:
     return " ".join(s.text for s in segments if s.text)
 
 
+def result_segments(result) -> list[Segment]:
+    """The timed segments of an ``AsrResult``: Whisper's own; a speech LM's transcript (it has no
+    timestamps) is one segment over the whole audio."""
+    if result.segments is not None:
+        return result.segments
+    return [Segment(0.0, result.duration or 0.0, (result.text or "").strip())]
+
+
 # --------------------------------------------------------------------------------------------
 # Output formats
 # --------------------------------------------------------------------------------------------

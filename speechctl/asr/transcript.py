@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class DecodeResult:
     def avg_logprob(self) -> float:
         return self.sum_logprob / (len(self.tokens) + 1)
 
-    @property
+    @cached_property  # gzip of the text: asked for by the fallback test and by every segment
     def compression_ratio(self) -> float:
         return compression_ratio(self.text)
 

@@ -30,7 +30,6 @@ class WhisperVocab:
     eot: int
     sot: int
     sot_prev: int
-    sot_lm: int | None
     no_speech: int | None
     no_timestamps: int
     transcribe: int | None
@@ -40,7 +39,6 @@ class WhisperVocab:
     suppress: tuple[int, ...]  # masked at every free step
     begin_suppress: tuple[int, ...]  # masked at the first free step (" " and <|endoftext|>)
     alignment_heads: tuple[tuple[int, int], ...]  # (decoder layer, head) pairs for word timing
-    max_initial_timestamp_index: int = 50  # 1.0 s
     language_names: dict[int, str] = field(default_factory=dict)  # token id -> code
 
     @property
@@ -114,7 +112,6 @@ def load_vocab(model_dir: Path, tokenizer=None) -> WhisperVocab:
         eot=eot,
         sot=sot,
         sot_prev=token("<|startofprev|>"),
-        sot_lm=token("<|startoflm|>", required=False),
         no_speech=no_speech,
         no_timestamps=token("<|notimestamps|>"),
         transcribe=token("<|transcribe|>", required=False),
@@ -124,6 +121,5 @@ def load_vocab(model_dir: Path, tokenizer=None) -> WhisperVocab:
         suppress=tuple(suppress),
         begin_suppress=tuple(begin),
         alignment_heads=tuple((int(l), int(h)) for l, h in heads),
-        max_initial_timestamp_index=int(generation.get("max_initial_timestamp_index") or 50),
         language_names={i: code for code, i in languages.items()},
     )

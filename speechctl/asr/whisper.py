@@ -47,6 +47,15 @@ ENCODER_POSITIONS = 1500  # 30 s of audio after the encoder's stride-2 convoluti
 MAX_RESTARTS = 3
 
 
+def sampling_key(seed: int, job_id: str, window: int, temperature: float) -> int:
+    """The sampling key of a window's first lane (lane i draws from key + i): a stable hash of
+    what identifies the draw, so that a seeded job samples the same tokens in every process
+    (Python's ``hash()`` of a str changes per process)."""
+    from speechctl.engine.requests import condition_tag
+
+    return condition_tag(f"{seed}/{job_id}/{window}/{temperature}")
+
+
 @dataclass
 class WhisperConfig:
     """How to run vLLM for Whisper. ``None`` means: chosen for the platform."""
@@ -341,14 +350,12 @@ class WhisperAsr:
 
         from speechctl.asr.decoder import SLOT_KEY, LaneSpec
         from speechctl.engine import vllm_compat
-        from speechctl.engine.requests import condition_tag
 
         state, options = group.state, group.state.options
         slots = [self._free_slots.pop() for _ in range(n)]
         group.slots = slots
         seed = state.job.seed if getattr(state.job, "seed", None) is not None else self.config.seed
-        # a stable hash (Python's hash() of a str changes with every process: seeded jobs would not repeat)
-        base_key = condition_tag(f"{seed}/{state.job.id}/{group.window}/{group.temperature}")
+        base_key = sampling_key(seed, state.job.id, group.window, group.temperature)
         specs = {}
         for lane, slot in enumerate(slots):
             specs[slot] = LaneSpec(
@@ -460,7 +467,8 @@ class WhisperAsr:
             return AsrResult(state.job.id, None, error=state.error)
         segments = [s for segs in state.segments for s in (segs or []) if s.text]
         tokens = [[] if skipped else (r.tokens if r is not None else []) for r, skipped in zip(state.final, state.skipped)]
-        return AsrResult(state.job.id, join_text(segments), segments=segments, tokens=tokens, language=self.language_code(state))
+        return AsrResult(state.job.id, join_text(segments), segments=segments, tokens=tokens, language=self.language_code(state),
+                         duration=len(state.job.audio) / RATE)
 
     def language_code(self, state) -> str | None:
         if not self.vocab.multilingual:

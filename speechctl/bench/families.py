@@ -80,7 +80,7 @@ def run_family_bench(
     with the family's codec on the device (``Speech.run_requests``: decodes off the step loop),
     beside the LM alone in the same engine."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
-    from speechctl.models.family import read_config
+    from speechctl.models.weights import read_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path, dtype = FAMILIES[family][0](Path(tmp), size, codec)

@@ -109,7 +109,7 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
     """
     from speechctl.jobs import AsrJob, AsrResult, FailedJob
     from speechctl.asr import WhisperAsr, is_whisper
-    from speechctl.asr.segments import render, to_record
+    from speechctl.asr.segments import render, result_segments, to_record
     from speechctl.audio import read_audio, write_text_atomic
     from speechctl.errors import InputError
 
@@ -162,12 +162,12 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
         if out_dir is not None and r.error is None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             path = Path(out_dir) / f"{names[order[r.id]]}.{fmt}"
-            write_text_atomic(path, render(fmt, r.text, _segments(r, durations), files[order[r.id]], durations[r.id],
+            write_text_atomic(path, render(fmt, r.text, result_segments(r), files[order[r.id]], durations[r.id],
                                            getattr(r, "language", None)))
         finished.append(r)
     finished.sort(key=lambda r: order[r.id])
     if out_dir is None and fmt == "json":
-        rows = [to_record(files[order[r.id]], r.text, None if r.error else _segments(r, durations), r.error, durations.get(r.id),
+        rows = [to_record(files[order[r.id]], r.text, None if r.error else result_segments(r), r.error, durations.get(r.id),
                           getattr(r, "language", None))
                 for r in finished]
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
@@ -176,21 +176,12 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
             if fmt == "txt":
                 click.echo(r.text if len(files) == 1 else f"{files[order[r.id]]}\t{r.text}")
             else:
-                click.echo(render(fmt, r.text, _segments(r, durations)), nl=False)
+                click.echo(render(fmt, r.text, result_segments(r)), nl=False)
     failed = [r for r in finished if r.error]
     for r in failed:
         click.echo(f"Error: {r.error}", err=True)
     if failed:
         raise SystemExit(1)
-
-
-def _segments(result, durations: dict) -> list:
-    """Whisper's segments; a speech LM's transcript becomes one segment over the whole file."""
-    from speechctl.asr.segments import Segment
-
-    if result.segments is not None:
-        return result.segments
-    return [Segment(0.0, durations[result.id], result.text.strip())]
 
 
 def _output_names(files) -> list[str]:

@@ -18,7 +18,8 @@ from speechctl.errors import ModelError
 from speechctl.models.csm.family import FAMILY as CSM
 from speechctl.models.dia.family import FAMILY as DIA
 from speechctl.models.musicgen.family import FAMILY as MUSICGEN
-from speechctl.models.family import Checkpoint, Family, read_config
+from speechctl.models.family import Checkpoint, Family
+from speechctl.models.weights import read_config
 from speechctl.models.generic.family import FAMILY as MULTISTREAM
 from speechctl.models.higgs.family import FAMILY as HIGGS_AUDIO_V2
 from speechctl.models.valle.family import FAMILY as VALLE

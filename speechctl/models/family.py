@@ -281,14 +281,3 @@ class Checkpoint:
             default = self.defaults.guidance.top_k if self.defaults.guidance else TRANSFORMERS_DEFAULTS["top_k"]
             top_k = audio.top_k if audio is not None and audio.top_k else default
         return replace(requested, scale=requested.scale + cfg.scale_offset, top_k=top_k)
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """config.json of a checkpoint directory; ModelError naming the file if it is not one."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise ModelError(f"{path}: not a model directory (no config.json)")
-    try:
-        return json.loads(config_file.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{config_file}: unreadable config ({e})") from None

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from speechctl.errors import ModelError
-from speechctl.models.weights import choose_weights
+from speechctl.models.weights import choose_weights, read_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 _TRUE = {"1", "on", "yes", "true"}
@@ -54,9 +54,22 @@ def download_command(repo: str, revision: str | None = None, patterns: list[str]
     return " ".join(parts)
 
 
+# The snapshots this process resolved: one model is looked up several times per command (what kind
+# of model it is, then its files), and online each lookup is a round trip to the hub. Failures are
+# not kept (a fetch the user makes in between counts).
+_resolved: dict[tuple, Path] = {}
+
+
 def snapshot(name: str, allow_patterns: list[str] | None = None) -> Path:
     """The local snapshot directory of hub id ``name`` with (at least) the files matching
     ``allow_patterns`` (all files if None)."""
+    key = (name, tuple(allow_patterns) if allow_patterns is not None else None, offline(), str(cache_dir()))
+    if key not in _resolved or not _resolved[key].is_dir():
+        _resolved[key] = _snapshot(name, allow_patterns)
+    return _resolved[key]
+
+
+def _snapshot(name: str, allow_patterns: list[str] | None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -102,9 +115,6 @@ def checkpoint_snapshot(name: str) -> Path:
     if offline():
         return snapshot(name)
     path = snapshot(name, LIGHT_FILES)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{name}: no usable config.json in the repository ({e})") from None
+    config = read_config(path)
     _, chosen, index = choose_weights(repo_files(name), config, lambda n: json.loads((path / n).read_text()))
     return snapshot(name, LIGHT_FILES + [*chosen, *([index] if index else [])])

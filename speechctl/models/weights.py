@@ -123,3 +123,14 @@ def engine_view(path: Path, weights: WeightFiles, root: Path) -> Path:
         if not (view / ".complete").exists():
             raise
     return view
+
+
+def read_config(path: Path) -> dict:
+    """config.json of a checkpoint directory; ModelError naming the file if it is not one."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise ModelError(f"{path}: not a model directory (no config.json)")
+    try:
+        return json.loads(config_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{config_file}: unreadable config ({e})") from None
