@@ -112,3 +112,16 @@ def test_srt_vtt_and_json():
     assert record["file"] == "a.wav" and record["duration"] == 3.5
     assert [s["text"] for s in record["segments"]] == ["Hello there.", ("A much longer line " * 4).strip()]
     assert render("txt", "Hello.", segments) == "Hello.\n"
+
+
+def test_a_speech_lm_transcript_is_one_cue_over_its_audio():
+    """A speech LM's ASR result has no timestamps: its subtitle is one cue from 0 to the audio's
+    length (the CLI and the batch runner alike); Whisper's segments are its own."""
+    from speechctl.asr.segments import result_segments
+    from speechctl.jobs import AsrResult
+
+    (cue,) = result_segments(AsrResult("a", " hello there ", duration=2.5))
+    assert (cue.start, cue.end, cue.text) == (0.0, 2.5, "hello there")
+    assert to_srt([cue]) == "1\n00:00:00,000 --> 00:00:02,500\nhello there\n\n"
+    own = [Segment(1.0, 2.0, "hi")]
+    assert result_segments(AsrResult("w", "hi", segments=own, duration=9.0)) is own
