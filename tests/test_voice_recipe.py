@@ -183,6 +183,50 @@ def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
     assert checkpoint.read_record(tmp_path / "fresh" / "codec")["step"] == 3
 
 
+def test_a_term_signal_ends_training_with_its_checkpoint_packed(tmp_path):
+    """A device call's time limit (SIGTERM) ends training at the next step, the watch's periodic
+    checkpoint on the machine comes with its pack in out, and the process's own SIGTERM handler
+    is back afterwards."""
+    import signal
+
+    from recipes.voice.codec import CodecTrainer
+    from recipes.voice.stages import StageWatch
+
+    sha = fake_data(tmp_path / "data")
+    trainer = CodecTrainer(tiny_recipe(), tmp_path / "data", "cpu", sha, log=lambda line: None)
+    ckpt, out = tmp_path / "machine" / "codec", tmp_path / "out"
+    saves = []
+
+    def save():
+        trainer.save(ckpt)
+        saves.append(trainer.step)
+        if len(saves) == 2:
+            signal.raise_signal(signal.SIGTERM)  # the limit, arriving after the second checkpoint
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StageWatch(save, ckpt, out, "codec", every_s=0, log=lambda line: None) as watch:
+        trainer.train(1e12, max_steps=50, watch=watch)
+    assert watch.stop and trainer.step == 2 and saves == [1, 2]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert checkpoint.find_packed(out) == ["codec"]
+    unpacked = checkpoint.unpack(out, "codec", tmp_path / "unpacked")
+    assert checkpoint.read_record(unpacked)["step"] == 2
+
+
+@needs_espeak
+def test_the_stage_clock_starts_with_the_call(tmp_path, monkeypatch):
+    """The deadline counts from gpu.sh's start (VOICE_STARTED), not from when Python got there: a
+    stage whose minutes are spent before training begins trains no step, and still saves."""
+    import time
+
+    from recipes.voice import stages
+
+    recipe = replace(preset("tiny"), data=DataConfig(hours=0.004, heldout=2, max_chars=60))
+    monkeypatch.setenv("VOICE_STARTED", str(time.time() - 10 * 60))
+    stages.run_codec(recipe, tmp_path / "machine", None, minutes=10)
+    assert checkpoint.read_record(tmp_path / "machine" / "codec")["step"] == 0
+
+
 def test_codec_falls_back_to_eager_where_the_compiler_fails(tmp_path, monkeypatch):
     """codec_train.compile on a machine whose compiler fails: the step runs again in eager mode
     and training goes on, saying so in the log (a device call is not lost)."""
@@ -237,6 +281,30 @@ def test_pack_and_unpack_round_trip(tmp_path):
     parts[1].write_bytes(b"x" + parts[1].read_bytes()[1:])
     with pytest.raises(checkpoint.CheckpointError):
         checkpoint.unpack(tmp_path / "out", "thing", tmp_path / "dest2")
+
+
+def test_a_pack_cut_short_is_no_pack(tmp_path, monkeypatch):
+    """Packing over an earlier pack removes its hash file first and writes the new one last: a
+    pack killed half-way (a call's limit) leaves no hash, and collect does not take its parts
+    for a checkpoint."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(np.random.default_rng(0).bytes(2500))
+    checkpoint.pack(src, tmp_path / "out", "thing", part_bytes=1000)
+    assert checkpoint.find_packed(tmp_path / "out") == ["thing"]
+    written = []
+    real = Path.write_bytes
+
+    def dies_on_the_second_part(self, data):
+        written.append(self.name)
+        if len(written) == 2:
+            raise KeyboardInterrupt("killed")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", dies_on_the_second_part)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.pack(src, tmp_path / "out", "thing", part_bytes=1000)
+    assert checkpoint.find_packed(tmp_path / "out") == []
 
 
 # -- LM: batches, logits, export ----------------------------------------------------------------------

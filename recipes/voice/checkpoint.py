@@ -141,6 +141,9 @@ def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[
     (the tar's hash, then one line per part)."""
     src, out = Path(src), Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # The hash file goes first and comes back last: a pack cut short (a call killed while it
+    # packs) has none, and ``collect`` does not mistake its parts for a checkpoint.
+    (out / f"{name}.sha256").unlink(missing_ok=True)
     for old in out.glob(f"{name}.tar.part*"):
         old.unlink()
     buffer = io.BytesIO()
@@ -159,7 +162,9 @@ def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[
         part.write_bytes(chunk)
         parts.append(part)
         lines.append(f"{hashlib.sha256(chunk).hexdigest()}  {part.name}")
-    (out / f"{name}.sha256").write_text("\n".join(lines) + "\n")
+    tmp = out / f"{name}.sha256.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, out / f"{name}.sha256")
     return parts
 
 

@@ -142,14 +142,17 @@ class CodecTrainer:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
 
-    def train(self, deadline: float, max_steps: int | None = None) -> None:
+    def train(self, deadline: float, max_steps: int | None = None, watch=None) -> None:
+        """Steps until ``deadline`` (or ``max_steps``); ``watch`` (``stages.StageWatch``) may stop
+        it sooner and takes its periodic checkpoints."""
         cfg = self.cfg
         started, first_step = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first_step, warmup_steps=cfg.warmup_steps,
                                decay_share=cfg.decay_share, floor=cfg.min_lr_share, max_steps=max_steps)
         sums: dict[str, torch.Tensor] = {}
         window_start = time.time()
-        while time.time() < deadline and (max_steps is None or self.step - first_step < max_steps):
+        while (time.time() < deadline and (max_steps is None or self.step - first_step < max_steps)
+               and not (watch is not None and watch.stop)):
             scale = schedule.factor(self.step)
             for group in self.opt_g.param_groups:
                 group["lr"] = cfg.lr * scale
@@ -171,6 +174,8 @@ class CodecTrainer:
                 sums, window_start = {}, time.time()
             if cfg.codebook_reset_every and self.step % cfg.codebook_reset_every == 0:
                 self._reset_dead_codes()
+            if watch is not None:
+                watch.tick(self.step)
         elapsed = time.time() - started
         self.runs.append({"steps": [first_step, self.step], "seconds": round(elapsed, 1),
                           "steps_per_s": round((self.step - first_step) / max(elapsed, 1e-9), 2)})
@@ -250,10 +255,14 @@ class CodecTrainer:
 
     @torch.no_grad()
     def evaluate(self, limit: int = 64) -> dict:
-        """Held-out reconstruction with all codebooks: mel loss and SNR (dB)."""
+        """Held-out reconstruction with all codebooks: mel loss and SNR (dB). cuDNN's autotuner
+        stays off here: every utterance has its own length, and it would tune each convolution
+        for each (training's crops have one shape). On the H200 this evaluation and the save
+        after it took 82 s with the autotuner on, most of it, by all signs, tuning."""
         model = self.model.eval()
         hop = self.shape.hop_length
         mels, snrs = [], []
+        benchmark, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
         for i in range(min(limit, len(self.heldout))):
             wave = torch.from_numpy(self.heldout.wave(i)).to(self.device)
             n = wave.numel() // hop * hop
@@ -263,6 +272,7 @@ class CodecTrainer:
             y = model(x[:, None]).audio_values[:, :n].float()
             mels.append(float(self.mel(y, x)))
             snrs.append(float(10 * torch.log10(x.pow(2).sum() / (x - y).pow(2).sum().clamp(min=1e-12))))
+        torch.backends.cudnn.benchmark = benchmark
         model.train()
         return {"heldout_mel": round(float(np.mean(mels)), 5), "heldout_snr_db": round(float(np.mean(snrs)), 3)}
 

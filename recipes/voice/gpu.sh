@@ -6,7 +6,8 @@
 #
 # Runs from the repository root (it cds there) with PYTHONPATH=$PWD; what must come back goes to
 # $OUT (at most 8 files of < 16 MiB). Settings by environment:
-#   MINUTES     wall-clock budget of the stage, setup included (default 9; a call may run 10)
+#   MINUTES     wall-clock budget of the stage from this script's start, setup included (default 9;
+#               a call may run 10; the stage keeps 75 s of it for saving and packing)
 #   VOICE_WORK  where data and checkpoints live on the machine (default /root/voice)
 #   VOICE_SCALE full (default) or tiny
 #   VOICE_SET   space-separated overrides, e.g. "lm.num_layers=6 lm_train.lr=0.001"
@@ -14,6 +15,9 @@
 #   ESPEAK_DIR  the carried espeak-ng bundle (default .gpu/espeak: make it with
 #               ../shared/gpu/espeak/make-espeak-bundle.sh)
 set -euo pipefail
+# The stage's clock starts here, not when Python does (a fresh machine takes a minute or more to
+# import torch): the device call's time limit counts from its command's start.
+export VOICE_STARTED=${VOICE_STARTED:-$(date +%s.%N)}
 STAGE=${1:?usage: recipes/voice/gpu.sh data|codec|lm|codes|export [resume]}
 MODE=${2:-}
 cd "$(dirname "$0")/../.."

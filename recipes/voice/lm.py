@@ -316,14 +316,17 @@ class LMTrainer:
 
     # -- training ---------------------------------------------------------------------------------
 
-    def train(self, deadline: float, max_steps: int | None = None) -> None:
+    def train(self, deadline: float, max_steps: int | None = None, watch=None) -> None:
+        """Steps until ``deadline`` (or ``max_steps``); ``watch`` (``stages.StageWatch``) may stop
+        it sooner and takes its periodic checkpoints."""
         cfg = self.cfg
         started, first = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first, warmup_steps=cfg.warmup_steps, decay_share=cfg.decay_share,
                                floor=cfg.min_lr / cfg.lr, max_steps=max_steps, rewarm_from=self.resumed_at)
         sums, tokens, window = None, 0, time.time()
         batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
-        while time.time() < deadline and (max_steps is None or self.step - first < max_steps):
+        while (time.time() < deadline and (max_steps is None or self.step - first < max_steps)
+               and not (watch is not None and watch.stop)):
             if self.position >= len(batches):
                 self.epoch, self.position = self.epoch + 1, 0
                 batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
@@ -348,6 +351,8 @@ class LMTrainer:
             if self.step % cfg.eval_every == 0:
                 self.history.append({"step": self.step, **self.evaluate()})
                 self.log(f"lm: step {self.step} held out {self.history[-1]}")
+            if watch is not None:
+                watch.tick(self.step)
         elapsed = time.time() - started
         self.runs.append({"steps": [first, self.step], "seconds": round(elapsed, 1),
                           "steps_per_s": round((self.step - first) / max(elapsed, 1e-9), 3)})

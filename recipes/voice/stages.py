@@ -16,8 +16,11 @@ again, unpacked copies under ``.voice/unpacked/``) and makes ``codec-model`` fro
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +28,12 @@ from pathlib import Path
 from recipes.voice import checkpoint
 from recipes.voice.config import ConfigError, Recipe, preset
 
-RESERVE_S = 45  # of a stage's minutes, kept for saving, plotting and packing after training
+# Of a stage's minutes, kept for what follows training: the held-out evaluation, saving, the
+# plot and the pack. (It was 45 s, and the evaluation and save took 82 s on the H200 with cuDNN
+# tuning every held-out length, now off: a call of 9 minutes ran 590 s, the next one past its
+# 600 s limit and returned nothing. Checkpoints every CHECKPOINT_EVERY_S now bound the loss.)
+RESERVE_S = 75
+CHECKPOINT_EVERY_S = 120  # a checkpoint on the machine (and its pack in out) while training
 
 
 class Log:
@@ -64,8 +72,53 @@ def apply_sets(recipe: Recipe, sets: list[str]) -> Recipe:
     return Recipe.from_dict(data)
 
 
+def stage_started() -> float:
+    """When the stage's device call began: ``VOICE_STARTED`` (gpu.sh's first line writes it; the
+    call's time limit counts from there, and on a fresh machine Python and torch take a minute
+    or more to start), else now."""
+    value = os.environ.get("VOICE_STARTED")
+    return float(value) if value else time.time()
+
+
 def _deadline(started: float, minutes: float) -> float:
     return started + max(0.0, minutes * 60 - RESERVE_S)
+
+
+class StageWatch:
+    """What a stage's training loop answers to besides its deadline: SIGTERM (a time limit that
+    came anyway: training ends at the next step, and what it learnt is saved and packed), and a
+    checkpoint every ``every_s`` on the machine with its pack in ``out`` (a call killed outright
+    still returns the last pack, and the next call on the machine resumes from there)."""
+
+    def __init__(self, save, ckpt: Path, out: Path | None, name: str, every_s: float = CHECKPOINT_EVERY_S, log=print):
+        self.save, self.ckpt, self.out, self.name, self.every_s, self.log = save, Path(ckpt), out, name, every_s, log
+        self.stop = False
+        self.last = time.time()
+        self._previous = None
+
+    def __enter__(self) -> "StageWatch":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_term(self, signum, frame) -> None:
+        self.log(f"{self.name}: SIGTERM: stopping at this step to save")
+        self.stop = True
+
+    def tick(self, step: int) -> None:
+        """After training step ``step``: the periodic checkpoint, when due."""
+        if time.time() - self.last < self.every_s:
+            return
+        started = time.time()
+        self.save()
+        if self.out is not None:
+            checkpoint.pack(self.ckpt, self.out, self.name)
+        self.last = time.time()
+        self.log(f"{self.name}: checkpoint at step {step} ({self.last - started:.1f} s)")
 
 
 def _unpack_into(carried: Path, name: str, dest: Path) -> Path:
@@ -109,7 +162,7 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
     from recipes.voice.codec import CodecTrainer
     from recipes.voice.plots import plot_codec
 
-    started = time.time()
+    started = stage_started()
     work = Path(work)
     ckpt = work / "codec"
     if resume is not None:
@@ -119,17 +172,21 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
         shutil.rmtree(ckpt, ignore_errors=True)
     log = Log(ckpt / "log.txt")
     device = device or default_device()
-    log(f"codec: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min")
+    log(f"codec: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min "
+        f"(the stage's clock began {time.time() - started:.0f} s ago)")
     expected = (checkpoint.read_record(ckpt) or {}).get("data_sha256") if resume else None
     manifest = data.ensure(recipe.data, work / "data-codec", expect_sha256=expected,
                            limit_hours=recipe.codec_train.data_hours, log=log)
     trainer = CodecTrainer(recipe, work / "data-codec", device, manifest["sha256"], log=log)
     if resume is not None:
         trainer.resume(ckpt)
-    trainer.train(_deadline(started, minutes), max_steps=max_steps)
+    with StageWatch(lambda: trainer.save(ckpt), ckpt, out, "codec", log=log) as watch:
+        trainer.train(_deadline(started, minutes), max_steps=max_steps, watch=watch)
+    trained = time.time()
     trainer.save(ckpt)
     plot_codec(trainer.history, ckpt / "codec-loss.png", f"codec ({recipe.scale}), step {trainer.step}")
-    log(f"codec: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all")
+    log(f"codec: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all "
+        f"({trained - started:.0f} s to the end of training)")
     if out is not None:
         checkpoint.pack(ckpt, out, "codec")
         shutil.copy(ckpt / "codec-loss.png", Path(out) / "codec-loss.png")
@@ -156,7 +213,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     from recipes.voice.lm import LMTrainer
     from recipes.voice.plots import plot_lm
 
-    started = time.time()
+    started = stage_started()
     work = Path(work)
     codec_model = Path(codec_model)
     if (codec_model / "codec-model.sha256").is_file():
@@ -172,7 +229,8 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
                          codec_train=codec_recipe.codec_train).validate()
     log = Log(ckpt / "log.txt")
     device = device or default_device()
-    log(f"lm: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min")
+    log(f"lm: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min "
+        f"(the stage's clock began {time.time() - started:.0f} s ago)")
     manifest = data.ensure(recipe.data, work / "data", log=log)
     code_manifest = codes.ensure(codec_model, work / "data", work / "codes", device, manifest["sha256"], log=log)
     codes_sha = code_manifest["splits"]["train"]["codes_sha256"]
@@ -180,14 +238,20 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     log(f"lm: {trainer.parameters_count() / 1e6:.2f} M parameters, {len(trainer.train_set)} utterances")
     if resume is not None:
         trainer.resume(ckpt)
-    trainer.train(_deadline(started, minutes), max_steps=max_steps)
-    trainer.save(ckpt)
-    record = checkpoint.read_record(ckpt)
-    record["codec_sha256"] = code_manifest["codec_sha256"]
-    record["data_sha256"] = manifest["sha256"]
-    checkpoint.write_record(ckpt, record)
+    def save(path: Path) -> None:
+        trainer.save(path)
+        record = checkpoint.read_record(path)
+        record["codec_sha256"] = code_manifest["codec_sha256"]
+        record["data_sha256"] = manifest["sha256"]
+        checkpoint.write_record(path, record)
+
+    with StageWatch(lambda: save(ckpt), ckpt, out, "lm", log=log) as watch:
+        trainer.train(_deadline(started, minutes), max_steps=max_steps, watch=watch)
+    trained = time.time()
+    save(ckpt)
     plot_lm(trainer.history, ckpt / "lm-loss.png", trainer.layout.K, f"speech LM ({recipe.scale}), step {trainer.step}")
-    log(f"lm: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all")
+    log(f"lm: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all "
+        f"({trained - started:.0f} s to the end of training)")
     if out is not None:
         checkpoint.pack(ckpt, out, "lm")
         shutil.copy(ckpt / "lm-loss.png", Path(out) / "lm-loss.png")
