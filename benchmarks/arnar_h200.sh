@@ -8,6 +8,9 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+# each test's outcome and each failure's traceback as it happens (tests/conftest.py): a run that
+# a call's time limit kills still says what failed and why
+export SPEECHCTL_TEST_LOG=${SPEECHCTL_TEST_LOG:-$OUT/tests-progress.log}
 export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
 source "$(dirname "$0")/plugin_entry_point.sh"
 case "${1:-bench}" in

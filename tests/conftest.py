@@ -45,3 +45,21 @@ def engines_of_this_module():
 
     api.close_shared()  # free them now, not in the middle of a test
     gc.collect()
+
+
+def pytest_runtest_logreport(report):
+    """With SPEECHCTL_TEST_LOG set (benchmarks/h200.sh sets it), each test's outcome as it ends,
+    and each failure's traceback: a run that a device call's time limit kills says what failed
+    and why (pytest's own summary comes only at the end)."""
+    import os
+
+    path = os.environ.get("SPEECHCTL_TEST_LOG")
+    if not path or (report.when != "call" and report.passed):
+        return
+    with open(path, "a") as f:
+        f.write(f"{report.outcome.upper()} {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
+        if report.failed:
+            lines = report.longreprtext.splitlines()
+            f.write("\n".join(lines[-40:]) + "\n\n")
+        elif report.skipped and isinstance(report.longrepr, tuple):
+            f.write(f"    {report.longrepr[2]}\n")

@@ -60,9 +60,9 @@ def step_graphs_enabled(device: torch.device) -> bool:
 
 @dataclass
 class _Entry:
-    graph: torch.cuda.CUDAGraph
+    graph: object  # torch.cuda.CUDAGraph (a stand-in's own record on the CPU)
     inputs: list[torch.Tensor]  # static, [bucket, ...]
-    outputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...] | None
 
 
 class StepGraphs:
@@ -74,7 +74,7 @@ class StepGraphs:
     def __init__(self, sizes: Sequence[int], device: torch.device):
         self.sizes = sorted(set(int(s) for s in sizes if s > 0))
         self.device = device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = self._new_pool()
         self._entries: dict[Hashable, _Entry] = {}
         self.captured = 0
 
@@ -110,14 +110,26 @@ class StepGraphs:
             # The eager run is this step's real work and warms up lazily initialised kernels;
             # recording then executes nothing, it only captures the same calls.
             result = fn(*static)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                outputs = fn(*static)
-            self._entries[(size, key)] = _Entry(graph, static, tuple(outputs))
+            self._entries[(size, key)] = self._entry(fn, static)
             self.captured += 1
             return _rows(result, rows)
+        return _rows(self._replay(entry), rows)
+
+    # The CUDA parts, apart (tests/test_cuda_paths.py puts a CPU stand-in in their place, to run
+    # everything above them without a GPU).
+
+    def _new_pool(self):
+        return torch.cuda.graph_pool_handle()
+
+    def _entry(self, fn, static: list[torch.Tensor]) -> _Entry:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            outputs = fn(*static)
+        return _Entry(graph, static, tuple(outputs))
+
+    def _replay(self, entry: _Entry) -> tuple[torch.Tensor, ...]:
         entry.graph.replay()
-        return _rows(entry.outputs, rows)
+        return entry.outputs
 
 
 def _rows(outputs, rows: int) -> tuple:

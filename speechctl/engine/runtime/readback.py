@@ -40,16 +40,29 @@ class Readback:
         self.K, self.max_len, self.device = K, max_len, device
         # the step's record, written inside the (graphed) sample step: [tokens K | slot | g | flags | epoch]
         self.record = torch.zeros(max_rows, K + 4, dtype=torch.int64, device=device)
-        # device="cpu" said outright: vLLM builds the model (and so this) under a default-device
-        # context of the GPU, which would otherwise put the host ring there
-        pin = device.type == "cuda"
-        self._ring = [_Copy(torch.zeros(max_rows, K + 4, dtype=torch.int64, device="cpu", pin_memory=pin))
-                      for _ in range(RING)]
+        self._ring = self._new_ring(max_rows)
         self._next = 0
         self.tokens = np.full((slots, max_len + 1, K), pad, dtype=np.int32)  # the host mirror
         self.done = np.zeros(slots, dtype=np.int64)  # generated indices 0..done-1 are in the mirror
         self.desync = np.zeros(slots, dtype=np.int64)
         self.epoch = np.zeros(slots, dtype=np.int64)  # the host's epoch of each slot
+
+    def _new_ring(self, rows: int) -> list[_Copy]:
+        # device="cpu" said outright: vLLM builds the model (and so this) under a default-device
+        # context of the GPU, which would otherwise put the host ring there
+        pin = self.device.type == "cuda"
+        return [_Copy(torch.zeros(rows, self.K + 4, dtype=torch.int64, device="cpu", pin_memory=pin))
+                for _ in range(RING)]
+
+    def reserve_rows(self, rows: int) -> None:
+        """Room for steps of ``rows`` rows: a per-step graph runs its bucket's rows, padding
+        included, and vLLM's buckets go past the batch's limit (its largest is twice
+        ``max_num_seqs`` by default). Before any step has been recorded (at attach)."""
+        if rows <= self.record.shape[0]:
+            return
+        assert self._next == 0, "the readback grows only before its first step"
+        self.record = torch.zeros(rows, self.K + 4, dtype=torch.int64, device=self.device)
+        self._ring = self._new_ring(rows)
 
     def claimed(self, slots: list[int], epochs: list[int]) -> None:
         """Slots taken by new requests (their epochs as the device records them)."""

@@ -254,6 +254,7 @@ class StreamRuntime:
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
             self._input_graphs, self._logits_graphs = self._graphs
+            self.table.readback.reserve_rows(max(sizes))
 
     def record_step_graphs(self, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool, repetition: bool,
                            cfg_filter: bool = False) -> int:

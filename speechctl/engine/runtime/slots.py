@@ -74,6 +74,12 @@ class SamplingColumns:
 GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
 
 
+def general_audio_sampling(device: torch.device) -> bool:
+    """Whether the audio codebooks always take the general sampling path (``LiveSettings``): on
+    CUDA, where every specialized path would be one more graph per batch size."""
+    return device.type == "cuda"
+
+
 class LiveSettings:
     """Host-side counts over the live requests' settings. They let the per-step work skip what no
     row needs (``sampling_flags``) and they key its graphs (``graph_key``); updated on admission
@@ -180,7 +186,7 @@ class SlotTable:
         self.slots: dict[str, int] = {}  # request key -> slot
         self._params: dict[int, StreamParams] = {}
         self._free = list(range(self.capacity - 1, -1, -1))
-        self.settings = LiveSettings(general_audio=device.type == "cuda")
+        self.settings = LiveSettings(general_audio=general_audio_sampling(device))
         self.resumed = 0  # requests that came back after preemption (kept their slot)
 
     # -- membership ----------------------------------------------------------------------------
