@@ -4,18 +4,19 @@ the host's settings), vLLM's graph buckets past ``max_num_seqs`` (its largest is
 general audio sampling path, against the plain-PyTorch reference and the batch-independence
 checks of the parity suites.
 
-Only the CUDA calls themselves are stood in for (``StepGraphs._entry``/``_replay``): a graph's
-replay runs its function again on the same static, padded inputs, where CUDA would replay the
-recorded kernels. What the stand-in cannot check is that a graph's key names every host-side
-fact its function reads (a replay here sees today's Python state); the H200 runs the real graphs.
+Only the CUDA calls themselves are stood in for (``cuda_stand_in.py``): a graph's replay runs its
+function again on the same static, padded inputs, where CUDA would replay the recorded kernels
+(``PYTHONPATH=tests python -m pytest -p cuda_stand_in tests/...`` runs any suite so). What the
+stand-in cannot check is that a graph's key names every host-side fact its function reads (a
+replay here sees today's Python state); the H200 runs the real graphs.
 Every engine start on CUDA failed once in code that only this path reaches (the readback's rows
 sized by ``max_num_seqs`` while the graphs ran twice as many), unseen until a GPU ran it."""
 
 import pytest
 
+from cuda_stand_in import BUCKETS, CpuGraphs, stand_in
 from speechctl.engine import vllm_compat
-from speechctl.engine.runtime import graphs, runtime, slots
-from speechctl.engine.runtime.graphs import StepGraphs, _Entry
+from speechctl.engine.runtime import graphs, runtime
 
 # The parity checks, run here on an engine with the CUDA paths (the engine fixture below).
 from test_cfg import strict_pairs, test_mixed_cfg_batch_equals_reference  # noqa: F401
@@ -27,30 +28,12 @@ from test_parity import (  # noqa: F401
 )
 
 pytestmark = pytest.mark.engine
-BUCKETS = [1, 2, 4, 8, 16]  # vLLM's for max_num_seqs 8: up to twice it
-
-
-class CpuGraphs(StepGraphs):
-    """StepGraphs with the CUDA calls stood in for: recording keeps the function and its static
-    inputs, a replay runs it on them."""
-
-    def _new_pool(self):
-        return None
-
-    def _entry(self, fn, static):
-        return _Entry(fn, static, None)
-
-    def _replay(self, entry):
-        return entry.graph(*entry.inputs)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cuda_paths():
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(runtime, "step_graphs_enabled", lambda device: True)
-        m.setattr(runtime, "StepGraphs", CpuGraphs)
-        m.setattr(vllm_compat, "cudagraph_batch_sizes", lambda runner: list(BUCKETS))
-        m.setattr(slots, "general_audio_sampling", lambda device: True)
+        stand_in(m.setattr)
         yield
 
 
