@@ -61,3 +61,28 @@ def test_the_cuda_paths_are_the_ones_running(engine):
     assert rt.table.readback.record.shape[0] >= max(BUCKETS)
     assert rt.table.settings.general_audio
     assert graphs.step_graphs_enabled is not runtime.step_graphs_enabled  # the stand-in, not the module's own
+    replays = CpuGraphs.replays
+    prompts = engine.prompt_builder()
+    outs = engine.generate([prompts.tts("one", max_frames=6), prompts.tts("and two", max_frames=9)])
+    assert all(o.error is None for o in outs)
+    assert CpuGraphs.replays > replays  # the decode steps replayed their graphs
+
+
+def test_the_stand_in_refuses_what_would_sync_the_host():
+    """A replayed per-step function may not read device values into Python (CUDA's capture
+    would fail on it, and it would stall the step): the stand-in says so."""
+    import torch
+
+    graphs = CpuGraphs([4], torch.device("cpu"))
+
+    def branchy(x):
+        return (x * 2 if x.sum() > 0 else x,)  # Tensor.__bool__: a sync
+
+    def masked(x):
+        return (x[x > 0].sum()[None],)  # its shape needs the host
+
+    for fn in (branchy, masked):
+        graphs.run(fn, fn.__name__, 3, [torch.ones(3)], [0.0])  # recorded: the eager run is fine
+        with pytest.raises(RuntimeError, match="sync|host"):
+            graphs.run(fn, fn.__name__, 3, [torch.ones(3)], [0.0])
+
