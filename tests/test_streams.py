@@ -93,3 +93,20 @@ def test_spec_round_trips_through_config_dict():
     assert StreamSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(ValueError, match="invalid speechctl stream config"):
         StreamSpec.from_dict({"delays": [0]})
+
+
+def test_tts_options_reach_the_family_and_a_stray_keyword_is_named():
+    """``PromptBuilder.tts`` takes TtsOptions' fields (min_frames defaulting to the family's),
+    hands a family its own keywords, and refuses any other keyword by name."""
+    from transformers import AutoTokenizer
+
+    from speechctl.models.families import open_checkpoint
+    from speechctl.models.tiny import ensure_tiny
+
+    path = ensure_tiny()
+    prompts = open_checkpoint(path).prompt_builder(AutoTokenizer.from_pretrained(str(path)))
+    req = prompts.tts("hi", max_frames=7, seed=3, tag="t")
+    assert (req.max_frames, req.seed, req.tag, req.min_frames) == (7, 3, "t", prompts.min_frames)
+    assert prompts.tts("hi", min_frames=5).min_frames == 5
+    with pytest.raises(TypeError, match="speaker"):
+        prompts.tts("hi", speaker=1)  # CSM's keyword: not this family's

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import speechctl.voices as voices  # noqa: E402
+from recipes.voice.evaluate import transcribe, wer  # noqa: E402  (jiwer on lower-cased words)
 
 pytestmark = [
     pytest.mark.engine,
@@ -66,27 +67,12 @@ def heldout() -> list[str]:
     return make_corpus(config).heldout[:SENTENCES]
 
 
-def transcribe(whisper, waves: list[np.ndarray], rate: int) -> list[str]:
-    from speechctl.api import AsrJob
-    from speechctl.pipeline.asr import resample
-
-    jobs = [AsrJob(id=str(i), audio=resample(w, rate, 16000)) for i, w in enumerate(waves)]
-    texts = {r.id: r.text or "" for r in whisper.run(jobs)}
-    return [texts[str(i)] for i in range(len(waves))]
-
-
 def say(voice, texts: list[str], seed: int = SEED) -> list[np.ndarray]:
     from speechctl.api import TtsJob
 
     results = {r.id: r for r in voice.run(TtsJob(id=str(i), text=t, seed=seed + i) for i, t in enumerate(texts))}
     assert all(r.error is None for r in results.values()), [r.error for r in results.values() if r.error]
     return [results[str(i)].audio for i in range(len(texts))]
-
-
-def wer(refs: list[str], hyps: list[str]) -> float:
-    from recipes.voice.evaluate import wer as corpus_wer  # jiwer on lower-cased words
-
-    return corpus_wer(refs, hyps)
 
 
 @needs_espeak
@@ -98,8 +84,8 @@ def test_held_out_sentences_are_heard_within_five_points_of_the_synthesizer(voic
     config = DataConfig(**voices.provenance()["recipe"]["data"])
     espeak = [utterance(t, config).astype(np.float32) / 32768.0 for t in texts]
     ours = say(voice, texts)
-    wer_espeak = wer(texts, transcribe(whisper, espeak, config.sample_rate))
-    wer_voice = wer(texts, transcribe(whisper, ours, voice.sample_rate))
+    wer_espeak = wer(texts, transcribe(espeak, whisper, config.sample_rate))
+    wer_voice = wer(texts, transcribe(ours, whisper, voice.sample_rate))
     assert wer_voice <= wer_espeak + 0.05, f"voice {wer_voice:.3f} vs espeak-ng {wer_espeak:.3f}"
 
 
@@ -136,7 +122,7 @@ def test_streamed_speech_is_the_one_shot_speech(voice, whisper):
     streamed = [np.concatenate(pieces[str(i)]) for i in range(len(texts))]
     for a, b in zip(whole, streamed):
         assert len(a) == len(b) and np.max(np.abs(a - b)) < 1e-3
-    assert transcribe(whisper, whole, voice.sample_rate) == transcribe(whisper, streamed, voice.sample_rate)
+    assert transcribe(whole, whisper, voice.sample_rate) == transcribe(streamed, whisper, voice.sample_rate)
 
 
 def test_a_batch_of_twenty_is_intelligible_item_by_item(voice, whisper, tmp_path):
@@ -152,7 +138,7 @@ def test_a_batch_of_twenty_is_intelligible_item_by_item(voice, whisper, tmp_path
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     waves = [sf.read(tmp_path / "out" / f"s{i}.wav", dtype="float32")[0] for i in range(len(texts))]
-    heard = transcribe(whisper, waves, voice.sample_rate)
+    heard = transcribe(waves, whisper, voice.sample_rate)
     per_item = [wer([t], [h]) for t, h in zip(texts, heard)]
     assert max(per_item) <= 0.5, list(zip(texts, heard, per_item))
 
@@ -170,9 +156,9 @@ def test_a_three_hundred_word_paragraph_comes_out_whole(voice, whisper):
     paragraph = " ".join(paragraph)
     result = voice.tts(paragraph, seed=SEED)
     assert not result.warnings, result.warnings  # nothing cut
-    short = wer(texts[:10], transcribe(whisper, say(voice, texts[:10]), voice.sample_rate))
+    short = wer(texts[:10], transcribe(say(voice, texts[:10]), whisper, voice.sample_rate))
     # Whisper hears 30 s at a time: the paragraph is transcribed in its sentence-sized pieces' order
-    heard = " ".join(transcribe(whisper, _windows(result.audio, voice.sample_rate), voice.sample_rate))
+    heard = " ".join(transcribe(_windows(result.audio, voice.sample_rate), whisper, voice.sample_rate))
     assert wer([paragraph], [heard]) <= short + 0.05
 
 

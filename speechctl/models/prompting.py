@@ -14,7 +14,7 @@ answers with a one-line ``InputError``. Builders import neither torch nor vLLM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class TtsOptions:
     tag: object = None
 
 
+_TTS_FIELDS = frozenset(f.name for f in fields(TtsOptions))
+
+
 class PromptBuilder:
     title = "this model"  # for messages
     min_frames = 1  # the audio may not end before this many frames (unless the caller says)
@@ -50,29 +53,13 @@ class PromptBuilder:
         self.spec = spec
         self.tokenizer = tokenizer
 
-    def tts(
-        self,
-        text: str,
-        *,
-        voice_codes: np.ndarray | None = None,
-        voice_text: str | None = None,
-        text_sampling: Sampling = GREEDY,
-        audio_sampling: Sampling = GREEDY,
-        depth_sampling: Sampling | None = None,
-        seed: int | None = None,
-        max_frames: int = 1000,
-        min_frames: int | None = None,  # None: the family's
-        guidance: Guidance = NO_GUIDANCE,
-        repetition: tuple[int, int] | None = None,
-        tag: object = None,
-        **family_options,  # a family's own (CSM: speaker, context); any other is a TypeError
-    ) -> StreamRequest:
-        """A TTS request for ``text`` (the fields: ``TtsOptions``)."""
-        options = TtsOptions(voice_codes=voice_codes, voice_text=voice_text, text_sampling=text_sampling,
-                             audio_sampling=audio_sampling, depth_sampling=depth_sampling, seed=seed,
-                             max_frames=max_frames, min_frames=self.min_frames if min_frames is None else min_frames,
-                             guidance=guidance, repetition=repetition, tag=tag)
-        return self.build_tts(text, options, **family_options)
+    def tts(self, text: str, *, min_frames: int | None = None, **options) -> StreamRequest:
+        """A TTS request for ``text``: ``options`` are ``TtsOptions``' fields (``min_frames``
+        None: the family's), and a family's own keywords besides (CSM: ``speaker``,
+        ``context``); any other keyword is a TypeError naming it."""
+        family = {k: options.pop(k) for k in list(options) if k not in _TTS_FIELDS}
+        o = TtsOptions(min_frames=self.min_frames if min_frames is None else min_frames, **options)
+        return self.build_tts(text, o, **family)
 
     def build_tts(self, text: str, o: TtsOptions) -> StreamRequest:
         raise NotImplementedError

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-
 @dataclass
 class MusicgenRecipe:
     hidden_size: int = 64
