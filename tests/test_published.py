@@ -222,3 +222,28 @@ def test_dia_and_musicgen_defaults_are_their_generation_configs(tmp_path):
     assert musicgen.guidance() == Guidance(3.0, "audio") and musicgen.guidance(Guidance(1.5, "audio")).scale == 1.5
     with pytest.raises(InputError, match="above 1"):
         musicgen.guidance(Guidance(0.5, "audio"))
+
+
+def test_a_hub_model_is_looked_up_once_per_process(sesame_dir, hub_cache, monkeypatch):
+    """A command asks about its model several times (is it Whisper? its checkpoint, its
+    files): the hub is asked once (online each ask is a round trip), and a failed ask is not
+    kept (a download in between counts)."""
+    import huggingface_hub
+
+    from speechctl.asr.checkpoint import is_whisper
+    from speechctl.errors import ModelError
+    from speechctl.models import hub
+    from speechctl.models.catalog import resolve_checkpoint
+
+    into_hub_cache(hub_cache, "sesame/csm-1b", sesame_dir)
+    monkeypatch.setattr(hub, "_resolved", {})
+    calls, real = [], huggingface_hub.snapshot_download
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: calls.append(repo) or real(repo, **kw))
+    for _ in range(2):
+        assert not is_whisper("sesame/csm-1b")
+        assert resolve_checkpoint("sesame/csm-1b").family.name == "csm"
+    assert calls == ["sesame/csm-1b"]
+    for _ in range(2):
+        with pytest.raises(ModelError, match="not in the Hugging Face cache"):
+            hub.snapshot("sesame/not-yet")
+    assert calls.count("sesame/not-yet") == 2
