@@ -254,12 +254,16 @@ def stream_loss(model: SpeechLM, batch: dict, allowed: torch.Tensor, weights: to
 
 
 class LMTrainer:
-    def __init__(self, recipe: Recipe, codes_dir: Path, work: Path, device: str, codes_sha256: str, log=print):
+    def __init__(self, recipe: Recipe, codes_dir: Path, work: Path, device: str, codes_sha256: str, log=print,
+                 provenance: dict | None = None):
+        """``provenance``: more of where the training data came from, written into every saved
+        record (the stage's: the codec's and the audio's hashes)."""
         import transformers
 
         self.recipe, self.cfg, self.log = recipe, recipe.lm_train, log
         self.device = torch.device(device)
         self.codes_sha256 = codes_sha256
+        self.provenance = dict(provenance or {})
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -312,6 +316,7 @@ class LMTrainer:
             "parameters": self.parameters_count(), "train_utterances": len(self.train_set),
             "environment": environment(), "last": self.history[-1] if self.history else None,
             "heldout": next((h for h in reversed(self.history) if "heldout_loss" in h), None),
+            **self.provenance,
         })
 
     # -- training ---------------------------------------------------------------------------------

@@ -180,17 +180,26 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
     trainer = CodecTrainer(recipe, work / "data-codec", device, manifest["sha256"], log=log)
     if resume is not None:
         trainer.resume(ckpt)
-    with StageWatch(lambda: trainer.save(ckpt), ckpt, out, "codec", log=log) as watch:
-        trainer.train(_deadline(started, minutes), max_steps=max_steps, watch=watch)
+    _train_save_pack(trainer, ckpt, out, "codec", _deadline(started, minutes), max_steps, started, log,
+                     lambda png: plot_codec(trainer.history, png, f"codec ({recipe.scale}), step {trainer.step}"))
+    return ckpt
+
+
+def _train_save_pack(trainer, ckpt: Path, out: Path | None, name: str, deadline: float, max_steps: int | None,
+                     started: float, log, plot) -> None:
+    """A stage's training (under a ``StageWatch``) and what follows it: the checkpoint, its loss
+    plot (``plot(path)``) and the pack of both in ``out``."""
+    with StageWatch(lambda: trainer.save(ckpt), ckpt, out, name, log=log) as watch:
+        trainer.train(deadline, max_steps=max_steps, watch=watch)
     trained = time.time()
     trainer.save(ckpt)
-    plot_codec(trainer.history, ckpt / "codec-loss.png", f"codec ({recipe.scale}), step {trainer.step}")
-    log(f"codec: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all "
+    png = ckpt / f"{name}-loss.png"
+    plot(png)
+    log(f"{name}: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all "
         f"({trained - started:.0f} s to the end of training)")
     if out is not None:
-        checkpoint.pack(ckpt, out, "codec")
-        shutil.copy(ckpt / "codec-loss.png", Path(out) / "codec-loss.png")
-    return ckpt
+        checkpoint.pack(ckpt, out, name)
+        shutil.copy(png, Path(out) / png.name)
 
 
 def make_codec_model(codec_ckpt: Path, dest: Path) -> Path:
@@ -234,27 +243,14 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     manifest = data.ensure(recipe.data, work / "data", log=log)
     code_manifest = codes.ensure(codec_model, work / "data", work / "codes", device, manifest["sha256"], log=log)
     codes_sha = code_manifest["splits"]["train"]["codes_sha256"]
-    trainer = LMTrainer(recipe, work / "codes", work, device, codes_sha, log=log)
+    trainer = LMTrainer(recipe, work / "codes", work, device, codes_sha, log=log,
+                        provenance={"codec_sha256": code_manifest["codec_sha256"], "data_sha256": manifest["sha256"]})
     log(f"lm: {trainer.parameters_count() / 1e6:.2f} M parameters, {len(trainer.train_set)} utterances")
     if resume is not None:
         trainer.resume(ckpt)
-    def save(path: Path) -> None:
-        trainer.save(path)
-        record = checkpoint.read_record(path)
-        record["codec_sha256"] = code_manifest["codec_sha256"]
-        record["data_sha256"] = manifest["sha256"]
-        checkpoint.write_record(path, record)
-
-    with StageWatch(lambda: save(ckpt), ckpt, out, "lm", log=log) as watch:
-        trainer.train(_deadline(started, minutes), max_steps=max_steps, watch=watch)
-    trained = time.time()
-    save(ckpt)
-    plot_lm(trainer.history, ckpt / "lm-loss.png", trainer.layout.K, f"speech LM ({recipe.scale}), step {trainer.step}")
-    log(f"lm: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all "
-        f"({trained - started:.0f} s to the end of training)")
-    if out is not None:
-        checkpoint.pack(ckpt, out, "lm")
-        shutil.copy(ckpt / "lm-loss.png", Path(out) / "lm-loss.png")
+    _train_save_pack(trainer, ckpt, out, "lm", _deadline(started, minutes), max_steps, started, log,
+                     lambda png: plot_lm(trainer.history, png, trainer.layout.K,
+                                         f"speech LM ({recipe.scale}), step {trainer.step}"))
     return ckpt
 
 
