@@ -114,4 +114,6 @@ def validate(job: Job) -> str | None:
 def failure(job: Job, error: str, sample_rate: int) -> Result:
     if getattr(job, "task", None) == "tts":
         return TtsResult(job.id, None, sample_rate, error=error)
-    return AsrResult(job.id, None, error=error)
+    audio = getattr(job, "audio", None)  # a failed ASR job still reports how long its input was
+    duration = None if audio is None or len(audio) == 0 else len(audio) / sample_rate
+    return AsrResult(job.id, None, error=error, duration=duration)

@@ -125,3 +125,14 @@ def test_a_speech_lm_transcript_is_one_cue_over_its_audio():
     assert to_srt([cue]) == "1\n00:00:00,000 --> 00:00:02,500\nhello there\n\n"
     own = [Segment(1.0, 2.0, "hi")]
     assert result_segments(AsrResult("w", "hi", segments=own, duration=9.0)) is own
+
+
+def test_a_failed_asr_job_still_reports_its_input_length():
+    """The CLI's json rows take the duration from the result, failed or not (it kept its own
+    table of read files beside the results)."""
+    from speechctl.jobs import AsrJob, TtsJob, failure
+
+    failed = failure(AsrJob(id="a", audio=np.zeros(24_000, np.float32)), "a: too long", 16_000)
+    assert (failed.error, failed.duration) == ("a: too long", 1.5)
+    assert failure(AsrJob(id="e", audio=np.zeros(0, np.float32)), "e: empty audio", 16_000).duration is None
+    assert failure(TtsJob(id="t", text="hi"), "t: bad", 16_000).audio is None

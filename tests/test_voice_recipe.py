@@ -249,6 +249,34 @@ def test_codec_falls_back_to_eager_where_the_compiler_fails(tmp_path, monkeypatc
     assert any("torch.compile failed at step 0" in line for line in lines)
 
 
+def test_codec_speed_times_the_training_step_per_batch_size(tmp_path, monkeypatch):
+    """The probe times the trainer's own step with the discriminators on, reports audio seconds
+    per second from the crop it trained on, and goes on past a batch that does not fit."""
+    from recipes.voice import codec
+    from recipes.voice.codec_speed import measure_codec_steps
+
+    sha = fake_data(tmp_path / "data")
+    recipe = tiny_recipe()
+    recipe.codec_train = replace(recipe.codec_train, disc_start_step=10**6)
+    sizes = []
+    step = codec.CodecTrainer.train_step
+
+    def counted(self, x):
+        sizes.append(x.shape[0])
+        assert self.step >= self.cfg.disc_start_step  # the adversarial step is what is timed
+        if x.shape[0] == 3:
+            raise torch.OutOfMemoryError("no room")
+        return step(self, x)
+
+    monkeypatch.setattr(codec.CodecTrainer, "train_step", counted)
+    rows = measure_codec_steps(recipe, tmp_path / "data", "cpu", [1, 3, 2], steps=2, warmup=1, log=lambda line: None)
+    assert sha and [r["batch"] for r in rows] == [1, 3, 2] and sizes == [1, 1, 1, 3, 2, 2, 2]
+    assert rows[1] == {"batch": 3, "crop_s": 0.2, "steps": 2, "error": "out of memory"}
+    for row in (rows[0], rows[2]):
+        assert row["s_per_step"] > 0
+        assert row["audio_s_per_s"] == pytest.approx(row["batch"] * 0.2 / row["s_per_step"], rel=0.01, abs=0.01)
+
+
 def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     from recipes.voice.schedule import RunSchedule
 

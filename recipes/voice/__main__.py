@@ -18,7 +18,7 @@ def main(argv=None) -> None:
                        help="override a setting, e.g. lm.num_layers=6 (JSON values)")
 
     q = sub.add_parser("stage", help="one GPU-call stage (what gpu.sh runs)")
-    q.add_argument("stage", choices=["data", "codec", "codes", "lm", "export"])
+    q.add_argument("stage", choices=["data", "codec", "codes", "lm", "export", "codec-speed"])
     scale_args(q)
     q.add_argument("--work", default="/root/voice", help="where the stage keeps data and checkpoints")
     q.add_argument("--out", default=None, help="where the files that travel back go ($OUT)")
@@ -26,6 +26,7 @@ def main(argv=None) -> None:
     q.add_argument("--minutes", type=float, default=9.0, help="wall-clock budget of the whole stage")
     q.add_argument("--resume", action="store_true", help="continue from the carried checkpoint")
     q.add_argument("--max-steps", type=int, default=None)
+    q.add_argument("--batches", default="32,64,128,256", help="codec-speed: the batch sizes to time")
 
     q = sub.add_parser("collect", help="file a device call's packs under .voice/ (and unpack them)")
     q.add_argument("files", help="the call's files_at folder")

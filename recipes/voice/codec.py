@@ -159,7 +159,7 @@ class CodecTrainer:
             for group in self.opt_d.param_groups:
                 group["lr"] = cfg.lr_disc * scale
             torch.manual_seed(cfg.seed * 7919 + self.step)  # quantizer dropout draws from the global generator
-            losses = self._guarded_step(self.crops.batch(self.step, cfg.batch_size))
+            losses = self.train_step(self.crops.batch(self.step, cfg.batch_size))
             for k, v in losses.items():
                 sums[k] = sums.get(k, 0.0) + v.detach()
             self.step += 1
@@ -181,8 +181,8 @@ class CodecTrainer:
                           "steps_per_s": round((self.step - first_step) / max(elapsed, 1e-9), 2)})
         self.history.append({"step": self.step, **self.evaluate()})
 
-    def _guarded_step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``_step``; where the compiled modules fail (compiling happens at a call: the first
+    def train_step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One optimizer step of both models on the batch ``x`` [B, L] (``_step``); where the compiled modules fail (compiling happens at a call: the first
         step, the first adversarial step), the step again in eager mode and eager from then on,
         so that a device call is not lost to the compiler. (A failure comes before any optimizer
         step; only the code-usage counts of the failed forward may be counted twice.)"""

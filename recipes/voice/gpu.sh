@@ -2,7 +2,7 @@
 # The voice recipe on the GPU machine, one stage per device call (README.md beside this file
 # gives the calls, what each carries and what comes back):
 #
-#   recipes/voice/gpu.sh data|codec|lm|codes|export [resume]
+#   recipes/voice/gpu.sh data|codec|lm|codes|export|codec-speed [resume]
 #
 # Runs from the repository root (it cds there) with PYTHONPATH=$PWD; what must come back goes to
 # $OUT (at most 8 files of < 16 MiB). Settings by environment:
@@ -11,6 +11,7 @@
 #   VOICE_WORK  where data and checkpoints live on the machine (default /root/voice)
 #   VOICE_SCALE full (default) or tiny
 #   VOICE_SET   space-separated overrides, e.g. "lm.num_layers=6 lm_train.lr=0.001"
+#   VOICE_BATCHES  codec-speed: the batch sizes to time (default 32,64,128,256)
 #   PYTHON      the interpreter (default python3: the one that holds torch there)
 #   ESPEAK_DIR  the carried espeak-ng bundle (default .gpu/espeak: make it with
 #               ../shared/gpu/espeak/make-espeak-bundle.sh)
@@ -18,7 +19,7 @@ set -euo pipefail
 # The stage's clock starts here, not when Python does (a fresh machine takes a minute or more to
 # import torch): the device call's time limit counts from its command's start.
 export VOICE_STARTED=${VOICE_STARTED:-$(date +%s.%N)}
-STAGE=${1:?usage: recipes/voice/gpu.sh data|codec|lm|codes|export [resume]}
+STAGE=${1:?usage: recipes/voice/gpu.sh data|codec|lm|codes|export|codec-speed [resume]}
 MODE=${2:-}
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -43,5 +44,6 @@ ARGS=(--work "${VOICE_WORK:-/root/voice}" --out "$OUT" --carried .voice --minute
       --scale "${VOICE_SCALE:-full}")
 for s in ${VOICE_SET:-}; do ARGS+=(--set "$s"); done
 if [ "$MODE" = resume ]; then ARGS+=(--resume); fi
+if [ -n "${VOICE_BATCHES:-}" ]; then ARGS+=(--batches "$VOICE_BATCHES"); fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
 exec "${PYTHON:-python3}" -m recipes.voice stage "$STAGE" "${ARGS[@]}"

@@ -185,6 +185,23 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
     return ckpt
 
 
+def run_codec_speed(recipe: Recipe, work: Path, out: Path | None, batch_sizes: list[int],
+                    device: str | None = None, steps: int = 10) -> list[dict]:
+    """The codec's training step timed per batch size (``codec_speed.py``), on the codec's
+    training data (made here where the machine has none yet); ``out`` receives codec-speed.json."""
+    from recipes.voice import data
+    from recipes.voice.codec_speed import measure_codec_steps
+
+    log = Log(Path(work) / "codec-speed.log")
+    data.ensure(recipe.data, Path(work) / "data-codec", limit_hours=recipe.codec_train.data_hours, log=log)
+    rows = measure_codec_steps(recipe, Path(work) / "data-codec", device or default_device(), batch_sizes,
+                               steps=steps, log=log)
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "codec-speed.json").write_text(json.dumps({"recipe": recipe.to_dict(), "rows": rows}, indent=2))
+    return rows
+
+
 def _train_save_pack(trainer, ckpt: Path, out: Path | None, name: str, deadline: float, max_steps: int | None,
                      started: float, log, plot) -> None:
     """A stage's training (under a ``StageWatch``) and what follows it: the checkpoint, its loss
@@ -341,5 +358,7 @@ def main_stage(args) -> None:
         if not (lm / "state.pt").is_file():
             lm = _unpack_into(carried / "lm", "lm", lm)
         run_export(lm, codec_model, work / "model", out)
+    elif args.stage == "codec-speed":
+        run_codec_speed(recipe, work, out, [int(b) for b in args.batches.split(",")])
     else:
         sys.exit(f"unknown stage {args.stage}")

@@ -464,7 +464,7 @@ class WhisperAsr:
         from speechctl.jobs import AsrResult
 
         if state.error is not None:
-            return AsrResult(state.job.id, None, error=state.error)
+            return AsrResult(state.job.id, None, error=state.error, duration=len(state.job.audio) / RATE)
         segments = [s for segs in state.segments for s in (segs or []) if s.text]
         tokens = [[] if skipped else (r.tokens if r is not None else []) for r, skipped in zip(state.final, state.skipped)]
         return AsrResult(state.job.id, join_text(segments), segments=segments, tokens=tokens, language=self.language_code(state),

@@ -129,7 +129,6 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
 
     # Job ids name the file (errors say which); a file given twice gets a #n suffix.
     ids = [path if files.index(path) == i else f"{path}#{i}" for i, path in enumerate(files)]
-    durations: dict[str, float] = {}
 
     def jobs():
         for job_id, path in zip(ids, files):
@@ -138,7 +137,6 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
             except InputError as e:
                 yield FailedJob(id=job_id, task="asr", error=str(e))
                 continue
-            durations[job_id] = len(audio) / rate
             yield AsrJob(id=job_id, audio=audio, **options)
 
     # Files are read lazily; the engine starts only once one of them is readable.
@@ -162,12 +160,12 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
         if out_dir is not None and r.error is None:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
             path = Path(out_dir) / f"{names[order[r.id]]}.{fmt}"
-            write_text_atomic(path, render(fmt, r.text, result_segments(r), files[order[r.id]], durations[r.id],
+            write_text_atomic(path, render(fmt, r.text, result_segments(r), files[order[r.id]], r.duration,
                                            getattr(r, "language", None)))
         finished.append(r)
     finished.sort(key=lambda r: order[r.id])
     if out_dir is None and fmt == "json":
-        rows = [to_record(files[order[r.id]], r.text, None if r.error else result_segments(r), r.error, durations.get(r.id),
+        rows = [to_record(files[order[r.id]], r.text, None if r.error else result_segments(r), r.error, r.duration,
                           getattr(r, "language", None))
                 for r in finished]
         click.echo(json.dumps(rows, ensure_ascii=False, indent=2))
