@@ -67,9 +67,11 @@ espeak:
 		echo "note: the voice recipe needs espeak-ng: sudo apt-get install espeak-ng"; \
 	fi
 
-# Then the families' suites again with the per-step code that only CUDA runs (per-step graphs,
-# vLLM's graph buckets, the general audio sampling: tests/cuda_stand_in.py), ~80 s.
-CUDA_PATH_SUITES ?= tests/test_csm.py tests/test_dia.py tests/test_higgs_audio_v2.py tests/test_musicgen.py
+# Then the engine's and the families' suites again with the per-step code that only CUDA runs (per-step graphs,
+# vLLM's graph buckets, the general audio sampling: tests/cuda_stand_in.py), ~4 min.
+CUDA_PATH_SUITES ?= tests/test_parity.py tests/test_cfg.py tests/test_repetition.py tests/test_long_text.py \
+	tests/test_streaming.py tests/test_valle.py tests/test_csm.py tests/test_dia.py tests/test_higgs_audio_v2.py \
+	tests/test_musicgen.py
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

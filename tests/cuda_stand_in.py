@@ -65,7 +65,10 @@ def stand_in(setattr) -> None:
 
     setattr(runtime, "step_graphs_enabled", lambda device: True)
     setattr(runtime, "StepGraphs", CpuGraphs)
-    setattr(vllm_compat, "cudagraph_batch_sizes", lambda runner: list(BUCKETS))
+    # vLLM's CPU runner captures nothing: the buckets vLLM would have (a runner that says its own,
+    # as a test's stand-in runner does, keeps them)
+    setattr(vllm_compat, "cudagraph_batch_sizes",
+            lambda runner: list(getattr(runner, "cudagraph_batch_sizes", None) or BUCKETS))
     setattr(slots, "general_audio_sampling", lambda device: True)
 
 
