@@ -247,6 +247,24 @@ def test_vllm_freezes_the_gc_heap_at_engine_start():
     assert "freeze_gc_heap()" in inspect.getsource(EngineCore.__init__)
 
 
+def test_an_executors_shutdown_frees_the_runners_device_memory():
+    """release_engine frees the device through the executor's shutdown: the GPU worker's ends in
+    the runner's, which lets go of the KV caches, the static forward context (whose attention
+    layers hold them) and the model; ``EngineCore.shutdown`` does the same and then tears down
+    the process's distributed state (which is why live engines' neighbours get the parts)."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    assert "worker.shutdown()" in inspect.getsource(UniProcExecutor.shutdown)
+    assert "model_runner.shutdown()" in inspect.getsource(Worker.shutdown)
+    runner = inspect.getsource(GPUModelRunner.shutdown) + inspect.getsource(GPUModelRunner._cleanup_profiling_kv_cache)
+    assert "static_forward_context.clear()" in runner and "self.kv_caches.clear()" in runner and "self.model = None" in runner
+    core = inspect.getsource(EngineCore.shutdown)
+    assert "self.model_executor.shutdown()" in core and "cleanup_dist_env_and_memory()" in core
+
+
 def test_tensor_parallel_workers_are_spawned_on_cuda(monkeypatch):
     """vLLM forks its worker processes unless torch's CUDA is initialized, and that check misses
     a driver that ``torch.cuda.is_available()`` has already started (a forked child then cannot

@@ -22,9 +22,9 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   captured as a full CUDA graph of a uniform decode batch.
 * engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
   ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
-  ``check_independent_replica`` (never in a vLLM DP group), ``release_engine`` (0.26 keeps
-  TP workers until collected; 0.32 tears down the process's distributed state when one engine
-  goes), ``collect_dropped_engines`` (vLLM's frozen GC heap).
+  ``check_independent_replica`` (never in a vLLM DP group), ``release_engine`` (the executor's
+  shutdown frees the device; ``EngineCore.shutdown`` also tears down the process's distributed
+  state, 0.32's client runs it when collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
 * ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
   forward (CSM's depth decoder, benchmarks).
 * ``grouped_mlp`` / ``grouped_mlp_available`` (vLLM's fused MoE kernel as a two-expert MLP:
@@ -221,37 +221,39 @@ def collect_dropped_engines() -> None:
 
 
 def release_engine(llm_engine) -> None:
-    """Let go of an engine this process is dropping without breaking the ones still live here.
+    """Let go of an engine this process is dropping: give back what it holds on the device
+    without breaking the engines still live here. The in-process client's ``EngineCore`` is shut
+    down in parts (structured output, executor, scheduler) while other engines live, and whole
+    (``EngineCore.shutdown``) when it is the process's last.
 
-    * 0.32's in-process client shuts its ``EngineCore`` down when collected (a
-      ``weakref.finalize``), and ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory``:
-      the process's distributed state goes, and every other live engine fails its next step
-      ("pipeline model parallel group is not initialized": a TTS engine after a Whisper engine
-      of the same process was closed). Here the finalizer is detached and the core's parts shut
-      down (structured output, executor, scheduler) without that teardown while other engines
-      live; the last engine of the process shuts down whole, as the finalizer would have.
-    * 0.26's client has no finalizer, and the executor's own waits for the executor to be
-      collected, which a surviving reference can postpone for as long as the process lives (seen
-      on the H200: after a TP=2 engine's shutdown its two workers still held 123 GiB on each GPU
-      and the next engine would not start): its ``MultiprocExecutor`` is shut down here, and
-      nothing else (the distributed state stays, as 0.26 leaves it)."""
-    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-
+    * The executor's shutdown is what frees the device: the worker's ends in the runner's
+      (``GPUModelRunner.shutdown``: the KV caches, the static forward context whose attention
+      layers hold them, the model), and a TP executor's ends its worker processes. Without it,
+      on CUDA, whatever outlives the runner and reaches the config (compiled graphs, CUDA graph
+      wrappers) kept the whole KV cache: on the H200 (0.26) a tiny model's engine kept vLLM's
+      default share, 119 GiB, after its model and runner were collected, and TP workers held
+      123 GiB each.
+    * ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory``: the process's
+      distributed state goes, and every other live engine fails its next step ("pipeline model
+      parallel group is not initialized": a TTS engine after a Whisper engine of the same process
+      was closed); hence the parts while others live.
+    * 0.32's client runs that shutdown from a ``weakref.finalize`` when collected: it is detached
+      here (an engine already shut down is left alone); 0.26's client has none."""
     client = llm_engine.engine_core
     core = client.engine_core
+    others = any(engine is not llm_engine for engine in list(_LIVE_ENGINES))
+    _LIVE_ENGINES.discard(llm_engine)  # released is not live, however long it takes to be collected
     finalizer = getattr(client, "_finalizer", None)
-    if finalizer is not None and finalizer.detach() is not None:
-        if any(engine is not llm_engine for engine in list(_LIVE_ENGINES)):
-            core.structured_output_manager.clear_backend()
-            if core.model_executor:
-                core.model_executor.shutdown()
-            if core.scheduler:
-                core.scheduler.shutdown()
-        else:
-            core.shutdown()
+    if finalizer is not None and finalizer.detach() is None:
         return
-    if isinstance(core.model_executor, MultiprocExecutor):
-        core.model_executor.shutdown()
+    if others:
+        core.structured_output_manager.clear_backend()
+        if core.model_executor:
+            core.model_executor.shutdown()
+        if core.scheduler:
+            core.scheduler.shutdown()
+    else:
+        core.shutdown()
 
 
 def check_independent_replica(llm_engine) -> None:
