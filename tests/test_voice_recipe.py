@@ -289,9 +289,14 @@ def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     assert 0.1 < s.factor(500) < 1.0
     now[0] = 100.0
     assert s.factor(500) == pytest.approx(0.1)
-    resumed = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, rewarm_from=500,
+    # A resumed run climbs from the floor the last one ended at (the optimizer's moments saw it)...
+    resumed = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, clock=lambda: 0.0)
+    assert resumed.factor(500) == pytest.approx(0.1 + 0.9 * 0.1) and resumed.factor(509) == 1.0
+    assert resumed.factor(505) == pytest.approx(0.1 + 0.9 * 0.6)
+    # ... and from nearly nothing where the moments were rebuilt
+    rebuilt = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, rewarm_from=500,
                           clock=lambda: 0.0)
-    assert resumed.factor(500) == pytest.approx(0.2) and resumed.factor(504) == 1.0
+    assert rebuilt.factor(500) == pytest.approx(0.2 * 0.19) and rebuilt.factor(509) == 1.0
 
 
 def test_pack_and_unpack_round_trip(tmp_path):
