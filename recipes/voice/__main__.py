@@ -71,6 +71,12 @@ def main(argv=None) -> None:
     q.add_argument("--limit", type=int, default=None)
     q.add_argument("--asr", default="whisper-tiny.en", help="speechctl ASR model for the WER ('' to skip)")
 
+    q = sub.add_parser("codebooks", help="what each codebook of a codec checkpoint carries on held-out audio "
+                                         "(float32 and TF32 lookups, how narrow each stage's latents are)")
+    q.add_argument("--codec", default=".voice/unpacked/codec", help="a codec checkpoint (the training form)")
+    q.add_argument("--data", default=".voice/heldout-data")
+    q.add_argument("--limit", type=int, default=40)
+
     q = sub.add_parser("eval-voice", help="issue 20's round-trip table: espeak-ng, its codec reconstruction and "
                                           "the exported voice through speechctl, Whisper's WER on each")
     q.add_argument("--model", default=".voice/model", help="an exported voice (python -m recipes.voice export)")
@@ -145,6 +151,10 @@ def main(argv=None) -> None:
         from recipes.voice.evaluate import eval_codec
 
         eval_codec(Path(args.codec_model), Path(args.data), Path(args.out), args.limit, args.asr or None)
+    elif args.command == "codebooks":
+        from recipes.voice.codebooks import main as codebooks
+
+        codebooks(Path(args.codec), Path(args.data), args.limit)
     elif args.command == "eval-voice":
         import shlex
 

@@ -43,10 +43,11 @@ def file_sha256(path: Path) -> str:
 
 
 def load_codec_model(path: Path, device: str = "cpu"):
-    """A saved DacModel directory (``save_pretrained``; fp16 weights are computed in fp32)."""
+    """A saved DacModel directory (``save_pretrained``; fp16 weights are computed in fp32, a
+    float32 quantizer is loaded as it is: ``save_codec_model``)."""
     import transformers
 
-    model = transformers.DacModel.from_pretrained(str(path))
+    model = transformers.DacModel.from_pretrained(str(path), dtype=torch.float32)
     return model.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
 
 

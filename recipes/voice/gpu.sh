@@ -7,7 +7,7 @@
 # Runs from the repository root (it cds there) with PYTHONPATH=$PWD; what must come back goes to
 # $OUT (at most 8 files of < 16 MiB). Settings by environment:
 #   MINUTES     wall-clock budget of the stage from this script's start, setup included (default 9;
-#               a call may run 10; the stage keeps 75 s of it for saving and packing)
+#               a call may run 10; the stage keeps 45 s of it for saving and packing: 9.5 fits)
 #   VOICE_WORK  where data and checkpoints live on the machine (default /root/voice)
 #   VOICE_SCALE full (default) or tiny
 #   VOICE_SET   space-separated overrides, e.g. "lm.num_layers=6 lm_train.lr=0.001"

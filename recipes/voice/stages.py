@@ -29,10 +29,11 @@ from recipes.voice import checkpoint
 from recipes.voice.config import ConfigError, Recipe, preset
 
 # Of a stage's minutes, kept for what follows training: the held-out evaluation, saving, the
-# plot and the pack. (It was 45 s, and the evaluation and save took 82 s on the H200 with cuDNN
-# tuning every held-out length, now off: a call of 9 minutes ran 590 s, the next one past its
-# 600 s limit and returned nothing. Checkpoints every CHECKPOINT_EVERY_S now bound the loss.)
-RESERVE_S = 75
+# plot and the pack. With cuDNN's autotuner off for the evaluation, all of that took 7 s on the
+# H200 (thirteenth session: 471 s to the end of the evaluation, 472 s in all, of a 465 s training
+# budget); with the autotuner on it had taken 82 s, past a reserve of 45 s, and the call was
+# killed with nothing back. Checkpoints every CHECKPOINT_EVERY_S bound what a killed call loses.
+RESERVE_S = 45
 CHECKPOINT_EVERY_S = 120  # a checkpoint on the machine (and its pack in out) while training
 
 
@@ -220,7 +221,7 @@ def _train_save_pack(trainer, ckpt: Path, out: Path | None, name: str, deadline:
 
 
 def make_codec_model(codec_ckpt: Path, dest: Path) -> Path:
-    """The shipped form of a codec checkpoint (fp16 DacModel) plus the codec's recipe.json."""
+    """The shipped form of a codec checkpoint (DacModel, fp16 with a float32 quantizer) plus the codec's recipe.json."""
     from recipes.voice.codec import save_codec_model
 
     shutil.rmtree(dest, ignore_errors=True)

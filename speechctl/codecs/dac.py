@@ -34,7 +34,9 @@ class DacCodec(Codec):
     ):
         from transformers import DacModel  # heavy import, only when a DAC codec is loaded
 
-        model = DacModel.from_pretrained(str(path))
+        # float32 as stored or wider: a checkpoint may keep its quantizer in float32 beside float16
+        # weights (speechctl's own voice does), and loading at the config's dtype would round it
+        model = DacModel.from_pretrained(str(path), dtype=torch.float32)
         config = model.config
         hop_length = math.prod(config.downsampling_ratios)
         if math.prod(config.upsampling_ratios) != hop_length:
