@@ -73,12 +73,13 @@ def test_cli_passes_tensor_parallel_size_to_vllm(tmp_path):
     assert len(speech.engine.rank_digests()) == 2  # two workers: vLLM really ran two ranks
     workers = set(multiprocessing.active_children()) - before
     assert len(workers) == 2
-    # As on vLLM 0.26: the in-process client has no finalizer that stops the ranks (0.32's has),
-    # and something still refers to the engine, so its executor is not collected either.
+    # As on vLLM 0.26: the in-process client has no finalizer that stops the ranks (0.32's has;
+    # a detached one would say the client shut itself down already), and something still refers
+    # to the engine, so its executor is not collected either.
     kept = speech.engine._vllm
-    finalizer = getattr(kept.engine_core, "_finalizer", None)
-    if finalizer is not None:
-        finalizer.detach()
+    if getattr(kept.engine_core, "_finalizer", None) is not None:
+        kept.engine_core._finalizer.detach()
+        del kept.engine_core._finalizer
     speech.engine.shutdown()
     assert not [w for w in workers if w.is_alive()], "the rank processes outlived the engine's shutdown"
     del kept
