@@ -3,7 +3,7 @@
     config.json            the backbone's config with its ``speechctl`` section (streams, tokens)
     model.safetensors      the LM (``model.*``, ``lm_head``, ``audio_embed``, ``audio_head``), bf16
     tokenizer files        speechctl's byte tokenizer with ``SPECIAL_TOKENS``
-    codec/                 the trained DacModel (config.json + model.safetensors, fp16)
+    codec/                 the trained DacModel (config.json + model.safetensors, fp16, quantizer float32)
     speechctl.json         what made it: recipe, data and code hashes, licences of the text
 """
 
