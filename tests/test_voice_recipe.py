@@ -326,6 +326,43 @@ def test_codec_speed_times_the_training_step_per_batch_size(tmp_path, monkeypatc
         assert row["audio_s_per_s"] == pytest.approx(row["batch"] * 0.2 / row["s_per_step"], rel=0.01, abs=0.01)
 
 
+def test_disc_bf16_puts_only_the_discriminators_in_bfloat16(tmp_path):
+    from recipes.voice.codec import CodecTrainer
+
+    sha = fake_data(tmp_path / "data")
+    recipe = tiny_recipe()
+    recipe.codec_train = replace(recipe.codec_train, disc_bf16=True)
+    trainer = CodecTrainer(recipe, tmp_path / "data", "cpu", sha, log=lambda line: None)
+    seen = {"disc": set(), "decoder": set()}
+    disc, decoder = trainer.disc_forward, trainer.decoder
+
+    def spy(name, module):
+        def run(x):
+            out = module(x)
+            seen[name] |= {t.dtype for t in ([out] if name == "decoder" else [f for d in out for f in d])}
+            return out
+        return run
+
+    trainer.disc_forward, trainer.decoder = spy("disc", disc), spy("decoder", decoder)
+    trainer.train(1e12, max_steps=2)  # the second step is adversarial (disc_start_step 1)
+    assert seen == {"disc": {torch.bfloat16}, "decoder": {torch.float32}}
+    assert np.isfinite(trainer.history[-2]["d"])
+
+
+@needs_espeak
+def test_codec_speed_runs_of_a_call_share_one_file(tmp_path):
+    from recipes.voice.stages import run_codec_speed
+
+    recipe = tiny_recipe()
+    out = tmp_path / "out"
+    run_codec_speed(recipe, tmp_path / "work", out, [1], steps=1)
+    recipe.codec_train = replace(recipe.codec_train, disc_bf16=True)
+    run_codec_speed(recipe, tmp_path / "work", out, [2], steps=1)
+    runs = json.loads((out / "codec-speed.json").read_text())["runs"]
+    assert [r["codec_train"]["disc_bf16"] for r in runs] == [False, True]
+    assert [[row["batch"] for row in r["rows"]] for r in runs] == [[1], [2]]
+
+
 def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     from recipes.voice.schedule import RunSchedule
 

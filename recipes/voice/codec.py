@@ -144,8 +144,9 @@ class CodecTrainer:
 
     # -- training -------------------------------------------------------------------------------
 
-    def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+    def _autocast(self, disc: bool = False):
+        enabled = self.cfg.bf16 or (disc and self.cfg.disc_bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def train(self, deadline: float, max_steps: int | None = None, watch=None) -> None:
         """Steps until ``deadline`` (or ``max_steps``); ``watch`` (``stages.StageWatch``) may stop
@@ -219,7 +220,7 @@ class CodecTrainer:
         loss = cfg.w_mel * mel + cfg.w_wave * wave + cfg.w_commit * commit + cfg.w_codebook * codebook
         out = {"mel": mel, "wave": wave, "commit": commit, "codebook": codebook}
         if cfg.adversarial and self.step >= cfg.disc_start_step:
-            with self._autocast():
+            with self._autocast(disc=True):
                 real = self.disc_forward(x)
                 fake = self.disc_forward(y.detach())
                 d_loss = discriminator_loss(real, fake)
@@ -227,7 +228,7 @@ class CodecTrainer:
             d_loss.backward()
             torch.nn.utils.clip_grad_norm_(self.disc.parameters(), cfg.grad_clip)
             self.opt_d.step()
-            with self._autocast():
+            with self._autocast(disc=True):
                 fake = self.disc_forward(y)
                 adv, feat = generator_losses([[f.detach() for f in r] for r in real], fake)
             loss = loss + cfg.w_adv * adv + cfg.w_feat * feat

@@ -106,6 +106,9 @@ class CodecTrain:
     codebook_reset_every: int = 200  # steps; re-seed unused codes from encoder outputs (0: never)
     # TF32, not bf16 autocast: a bf16 residual stream puts a ~-48 dB noise floor on the waveform.
     bf16: bool = False
+    # bf16 autocast for the discriminators alone (the codec's own stream stays float32): their
+    # share of a step, if the codec-speed stage shows it pays.
+    disc_bf16: bool = False
     # torch.compile of the codec and discriminators: on the H200 the first 50 steps took 119 s
     # (compiling), then 7.5-8.2 s per 50 against 9.5 eager: a 9-minute call does not earn it back.
     compile: bool = False

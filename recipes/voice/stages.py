@@ -189,7 +189,8 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
 def run_codec_speed(recipe: Recipe, work: Path, out: Path | None, batch_sizes: list[int],
                     device: str | None = None, steps: int = 10) -> list[dict]:
     """The codec's training step timed per batch size (``codec_speed.py``), on the codec's
-    training data (made here where the machine has none yet); ``out`` receives codec-speed.json."""
+    training data (made here where the machine has none yet); ``out`` receives codec-speed.json,
+    to which a later run of the same call adds its rows."""
     from recipes.voice import data
     from recipes.voice.codec_speed import measure_codec_steps
 
@@ -197,9 +198,14 @@ def run_codec_speed(recipe: Recipe, work: Path, out: Path | None, batch_sizes: l
     data.ensure(recipe.data, Path(work) / "data-codec", limit_hours=recipe.codec_train.data_hours, log=log)
     rows = measure_codec_steps(recipe, Path(work) / "data-codec", device or default_device(), batch_sizes,
                                steps=steps, log=log)
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "codec-speed.json").write_text(json.dumps({"recipe": recipe.to_dict(), "rows": rows}, indent=2))
+    if out is not None:  # one file for the runs of a call (each its own settings: VOICE_SET)
+        path = Path(out) / "codec-speed.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        runs = json.loads(path.read_text())["runs"] if path.is_file() else []
+        runs.append({"codec_train": recipe.to_dict()["codec_train"], "codec": recipe.to_dict()["codec"], "rows": rows})
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"runs": runs}, indent=2))
+        tmp.replace(path)
     return rows
 
 
