@@ -193,24 +193,27 @@ def test_the_shipped_codec_keeps_its_quantizer_exact(tmp_path):
 
 def test_a_narrow_cone_of_latents_is_one_code_at_tf32():
     """The diagnosis behind the trainer's float32 matmuls (codebooks.py): latents that share a
-    large offset are told apart by the codebook lookup in float32 and not at TF32's precision."""
-    from types import SimpleNamespace
+    large offset are told apart by transformers' own codebook lookup in float32 and not at TF32's
+    precision; at full precision the emulated lookup is transformers' lookup."""
+    import transformers
+    from transformers.models.dac.modeling_dac import DacVectorQuantize
 
-    from recipes.voice.codebooks import _lookup, tf32
+    from recipes.voice.codebooks import tf32, tf32_lookup
 
     x = torch.tensor([1.0, 1.0 + 2**-10, 1.0 + 2**-12, 3.14159, -2.5e-3])
     rounded = tf32(x)
     assert (rounded.view(torch.int32) & ((1 << 13) - 1) == 0).all()
     assert rounded[0] == 1.0 and rounded[1] == x[1] and ((rounded - x).abs() <= x.abs() * 2**-11).all()
     g = torch.Generator().manual_seed(0)
-    codebook = torch.nn.Embedding(64, 8)
+    quantizer = DacVectorQuantize(transformers.DacConfig(hidden_size=16, codebook_size=64, codebook_dim=8))
     offset = torch.randn(8, generator=g) * 50
     with torch.no_grad():
-        codebook.weight.copy_(offset + 0.002 * torch.randn(64, 8, generator=g))
-    latents = (offset[:, None] + 0.002 * torch.randn(8, 200, generator=g))[None]  # [1, D, T]
-    quantizer = SimpleNamespace(codebook=codebook)
-    exact, emulated = _lookup(quantizer, latents, False), _lookup(quantizer, latents, True)
+        quantizer.codebook.weight.copy_(offset + 0.25 * torch.randn(64, 8, generator=g))
+    latents = (offset[:, None] + 0.25 * torch.randn(8, 200, generator=g))[None]  # [1, D, T]: ~0.005 rad, as codebook 5
+    (_, exact), emulated = quantizer.decode_latents(latents), tf32_lookup(quantizer, latents)
     assert len(torch.unique(exact)) > 20 and len(torch.unique(emulated)) < len(torch.unique(exact)) / 4
+    spread = torch.randn(1, 8, 50, generator=g)  # a wide cone: TF32 rarely changes the choice
+    assert (tf32_lookup(quantizer, spread) == quantizer.decode_latents(spread)[1].flatten()).float().mean() > 0.9
 
 
 @needs_espeak
@@ -319,7 +322,7 @@ def test_codec_speed_times_the_training_step_per_batch_size(tmp_path, monkeypatc
 
     monkeypatch.setattr(codec.CodecTrainer, "train_step", counted)
     rows = measure_codec_steps(recipe, tmp_path / "data", "cpu", [1, 3, 2], steps=2, warmup=1, log=lambda line: None)
-    assert sha and [r["batch"] for r in rows] == [1, 3, 2] and sizes == [1, 1, 1, 3, 2, 2, 2]
+    assert [r["batch"] for r in rows] == [1, 3, 2] and sizes == [1, 1, 1, 3, 2, 2, 2]
     assert rows[1] == {"batch": 3, "crop_s": 0.2, "steps": 2, "error": "out of memory"}
     for row in (rows[0], rows[2]):
         assert row["s_per_step"] > 0

@@ -22,55 +22,55 @@ def tf32(x: torch.Tensor) -> torch.Tensor:
     return ((bits + (1 << 12)) & ~((1 << 13) - 1)).view(torch.float32)
 
 
-def _lookup(quantizer, latents: torch.Tensor, emulate_tf32: bool) -> torch.Tensor:
-    """The nearest code's index per frame, as ``DacVectorQuantize.decode_latents`` picks it
-    (normalized latents against normalized codes)."""
+def tf32_lookup(quantizer, latents: torch.Tensor) -> torch.Tensor:
+    """The code ``DacVectorQuantize.decode_latents`` would pick for each frame of ``latents``
+    [B, D, T] (normalized latents against normalized codes) had the matmul read its inputs at
+    TF32's precision: [B * T] indices."""
     b, d, t = latents.shape
     e = F.normalize(latents.permute(0, 2, 1).reshape(b * t, d))
     c = F.normalize(quantizer.codebook.weight)
-    if emulate_tf32:
-        e, c = tf32(e), tf32(c)
-    return (e @ c.t()).argmax(1)
+    return (tf32(e) @ tf32(c).t()).argmax(1)
+
+
+def _distribution(codes: list[np.ndarray]) -> tuple[int, float]:
+    """(distinct codes, entropy in bits)."""
+    _, counts = np.unique(np.concatenate(codes), return_counts=True)
+    p = counts / counts.sum()
+    return int(len(counts)), round(max(0.0, float(-(p * np.log2(p)).sum())), 2)
 
 
 @torch.no_grad()
 def codebook_stats(model, waves: list[np.ndarray], hop: int) -> list[dict]:
-    """One row per stage over ``waves``; the residual is carried as float32 inference does."""
-    codes = {False: [[] for _ in model.quantizer.quantizers], True: [[] for _ in model.quantizer.quantizers]}
-    cones = [[] for _ in model.quantizer.quantizers]
+    """One row per stage over ``waves``; each stage runs as transformers' quantizer does in
+    float32 (its codes and the residual it leaves), the TF32 lookup beside it on the same latents."""
+    stages = model.quantizer.quantizers
+    exact, emulated, cones = ([[] for _ in stages] for _ in range(3))
     for wave in waves:
         n = len(wave) // hop * hop
         if n == 0:
             continue
         residual = model.encoder(torch.from_numpy(np.asarray(wave[:n], np.float32))[None, None])
-        for k, quantizer in enumerate(model.quantizer.quantizers):
-            latents = quantizer.in_proj(residual)
-            for emulate in (False, True):
-                codes[emulate][k].append(_lookup(quantizer, latents, emulate).numpy())
+        for k, quantizer in enumerate(stages):
+            quantized, _, _, codes, latents = quantizer(residual)
+            exact[k].append(codes.flatten().numpy())
+            emulated[k].append(tf32_lookup(quantizer, latents).numpy())
             directions = F.normalize(latents[0].T)
-            mean = F.normalize(directions.mean(0), dim=0)
-            cones[k].append(float((directions @ mean).min()))
-            quantized, *_ = quantizer(residual)
+            cones[k].append(float((directions @ F.normalize(directions.mean(0), dim=0)).min()))
             residual = residual - quantized
     rows = []
-    for k in range(len(cones)):
-        row = {"codebook": k, "min_cosine_to_mean_direction": round(min(cones[k]), 6)}
-        for emulate, name in ((False, "float32"), (True, "tf32")):
-            values, counts = np.unique(np.concatenate(codes[emulate][k]), return_counts=True)
-            p = counts / counts.sum()
-            row[f"{name}_distinct"] = int(len(values))
-            row[f"{name}_entropy_bits"] = round(max(0.0, float(-(p * np.log2(p)).sum())), 2)
-        rows.append(row)
+    for k in range(len(stages)):
+        (n32, h32), (ntf, htf) = _distribution(exact[k]), _distribution(emulated[k])
+        rows.append({"codebook": k, "min_cosine_to_mean_direction": round(min(cones[k]), 6),
+                     "float32_distinct": n32, "float32_entropy_bits": h32, "tf32_distinct": ntf, "tf32_entropy_bits": htf})
     return rows
 
 
 def main(codec: Path, data: Path, limit: int) -> list[dict]:
     from recipes.voice.codec import load_trained_codec
-    from recipes.voice.config import DataConfig
     from recipes.voice.evaluate import heldout_split
 
-    model, recipe, record = load_trained_codec(codec)
-    split = heldout_split(data, recipe.data if recipe.data else DataConfig())
+    model, recipe, _ = load_trained_codec(codec)
+    split = heldout_split(data, recipe.data)
     rows = codebook_stats(model, [split.wave(i) for i in range(min(limit, len(split)))], recipe.codec.hop_length)
     for row in rows:
         print(json.dumps(row))

@@ -188,8 +188,9 @@ class CodecTrainer:
         self.history.append({"step": self.step, **self.evaluate()})
 
     def train_step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """One optimizer step of both models on the batch ``x`` [B, L] (``_step``); where the compiled modules fail (compiling happens at a call: the first
-        step, the first adversarial step), the step again in eager mode and eager from then on,
+        """One optimizer step of both models on the batch ``x`` [B, L] (``_step``); where the
+        compiled modules fail (compiling happens at a call: the first step, the first adversarial
+        step), the step again in eager mode and eager from then on,
         so that a device call is not lost to the compiler. (A failure comes before any optimizer
         step; only the code-usage counts of the failed forward may be counted twice.)"""
         try:

@@ -7,7 +7,8 @@ On the H200 a step of 64 one-second crops took ~190 ms (5.3 M parameters): if th
 kernel launches rather than arithmetic, a larger batch costs little more per step and trains on
 more audio per second. This says which.
 
-    python -m recipes.voice codec-speed --work /root/voice --batch 32,64,128,256
+    VOICE_BATCHES=32,64,128,256 bash recipes/voice/gpu.sh codec-speed     # on the GPU machine
+    python -m recipes.voice stage codec-speed --work /root/voice --batches 32,64,128,256
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def load_codec_model(path: Path, device: str = "cpu"):
     import transformers
 
     model = transformers.DacModel.from_pretrained(str(path), dtype=torch.float32)
-    return model.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+    return model.to(device).eval().requires_grad_(False)
 
 
 @torch.no_grad()

@@ -202,7 +202,8 @@ def run_codec_speed(recipe: Recipe, work: Path, out: Path | None, batch_sizes: l
         path = Path(out) / "codec-speed.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         runs = json.loads(path.read_text())["runs"] if path.is_file() else []
-        runs.append({"codec_train": recipe.to_dict()["codec_train"], "codec": recipe.to_dict()["codec"], "rows": rows})
+        settings = recipe.to_dict()
+        runs.append({"codec_train": settings["codec_train"], "codec": settings["codec"], "rows": rows})
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"runs": runs}, indent=2))
         tmp.replace(path)
