@@ -191,6 +191,43 @@ def test_the_shipped_codec_keeps_its_quantizer_exact(tmp_path):
         assert all(torch.equal(loaded[k], master[k]) for k in master)
 
 
+def test_frozen_codes_keep_the_codes_while_the_decoder_trains_on(tmp_path):
+    """``codec_train.freeze_codes`` on a resume: the encoder and quantizer stay bit for bit (so do
+    the codes of any audio, and ``codes_identity``), the decoder trains on; an LM trained on the
+    frozen codes exports with the later codec and is refused with one trained unfrozen."""
+    from recipes.voice import stages
+    from recipes.voice.codec import CodecTrainer
+    from recipes.voice.codes import codes_identity, file_sha256, load_codec_model
+
+    sha = fake_data(tmp_path / "data")
+    trainer = CodecTrainer(tiny_recipe(), tmp_path / "data", "cpu", sha, log=lambda line: None)
+    trainer.train(1e12, max_steps=2)
+    trainer.save(tmp_path / "ckpt")
+
+    def resumed(frozen: bool, name: str) -> Path:
+        recipe = stages.apply_sets(tiny_recipe(), [f"codec_train.freeze_codes={str(frozen).lower()}"])
+        t = CodecTrainer(recipe, tmp_path / "data", "cpu", sha, log=lambda line: None)
+        t.resume(tmp_path / "ckpt")
+        t.train(1e12, max_steps=2)
+        t.save(tmp_path / f"ckpt-{name}")
+        assert t.runs[-1]["freeze_codes"] is frozen
+        return stages.make_codec_model(tmp_path / f"ckpt-{name}", tmp_path / f"model-{name}")
+
+    before = stages.make_codec_model(tmp_path / "ckpt", tmp_path / "model-before")
+    frozen, unfrozen = resumed(True, "frozen"), resumed(False, "unfrozen")
+    assert file_sha256(frozen / "model.safetensors") != file_sha256(before / "model.safetensors")  # the decoder moved
+    assert codes_identity(frozen) == codes_identity(before) != codes_identity(unfrozen)
+    audio = torch.from_numpy(np.fromfile(tmp_path / "data" / "heldout.pcm", "<i2")[None, None] / 32768.0).float()
+    with torch.no_grad():
+        codes = [load_codec_model(m).encode(audio).audio_codes for m in (before, frozen)]
+    assert torch.equal(codes[0], codes[1])
+
+    lm = tmp_path / "lm"
+    checkpoint.write_record(lm, {"stage": "lm", "codes_identity": codes_identity(before)})
+    with pytest.raises(RuntimeError, match="does not give the codes"):
+        stages.run_export(lm, unfrozen, tmp_path / "export")
+
+
 def test_a_narrow_cone_of_latents_is_one_code_at_tf32():
     """The diagnosis behind the trainer's float32 matmuls (codebooks.py): latents that share a
     large offset are told apart by transformers' own codebook lookup in float32 and not at TF32's
@@ -233,6 +270,40 @@ def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
     assert checkpoint.read_record(tmp_path / "machine" / "codec")["step"] == 4  # its own step 3, not the pack's 2
     stages.run_codec(recipe, tmp_path / "fresh", None, minutes=30, resume=tmp_path / "pack", max_steps=1)
     assert checkpoint.read_record(tmp_path / "fresh" / "codec")["step"] == 3
+
+
+@needs_espeak
+def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
+    """``gpu.sh codec+lm`` as a fresh device machine runs it (tiny scale, here): the carried codec
+    resumes with its codes frozen while a new LM trains on its codes, both packs come back within
+    a call's 8 files, and the LM exports with the codec as the call left it."""
+    import os
+
+    from recipes.voice import stages
+    from recipes.voice.codes import codes_identity
+
+    env = {**os.environ, "PYTHON": sys.executable, "VOICE_SCALE": "tiny", "VOICE_MAX_STEPS": "2",
+           "MINUTES": "5", "VOICE_CARRIED": str(tmp_path / "carry")}
+    gpu_sh = str(ROOT / "recipes" / "voice" / "gpu.sh")
+
+    def call(n: int, *stage: str) -> Path:
+        out = tmp_path / f"out{n}"
+        run = subprocess.run(["bash", gpu_sh, *stage], env={**env, "VOICE_WORK": str(tmp_path / f"machine{n}"),
+                             "OUT": str(out)}, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return out
+
+    stages.collect(call(1, "codec"), tmp_path / "carry")
+    out = call(2, "codec+lm")
+    assert len(list(out.iterdir())) <= 8 and checkpoint.find_packed(out) == ["codec", "lm"]
+    stages.collect(out, tmp_path / "carry")
+    unpacked = tmp_path / "carry" / "unpacked"
+    codec = checkpoint.read_record(unpacked / "codec")
+    assert codec["step"] == 4 and codec["runs"][-1]["freeze_codes"] is True
+    lm = checkpoint.read_record(unpacked / "lm")
+    assert lm["codes_identity"] == codes_identity(unpacked / "codec-model")
+    model = stages.run_export(unpacked / "lm", unpacked / "codec-model", tmp_path / "model")
+    assert (model / "speechctl.json").is_file()
 
 
 def test_a_term_signal_ends_training_with_its_checkpoint_packed(tmp_path):
@@ -395,6 +466,9 @@ def test_pack_and_unpack_round_trip(tmp_path):
     (src / "sub" / "b.json").write_text("{}")
     parts = checkpoint.pack(src, tmp_path / "out", "thing", part_bytes=1000)
     assert len(parts) >= 3 and all(p.stat().st_size <= 1000 for p in parts)
+    (src / "zeros.bin").write_bytes(bytes(20000))  # compressed: far less than its size travels
+    assert sum(p.stat().st_size for p in checkpoint.pack(src, tmp_path / "z", "z", part_bytes=1000)) < 10000
+    (src / "zeros.bin").unlink()
     dest = checkpoint.unpack(tmp_path / "out", "thing", tmp_path / "dest")
     assert (dest / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
     assert (dest / "sub" / "b.json").read_text() == "{}"

@@ -1,6 +1,7 @@
 """Training checkpoints that travel: one ``state.pt`` per stage, a ``recipe.json`` beside it
 (every setting, seed, data hash, versions), and a pack/unpack pair that turns a directory into
-``NAME.tar.partNN`` files of at most ``PART_BYTES`` (what one device call carries back) and back.
+``NAME.tar.partNN`` files (a gzip-compressed tar, cut) of at most ``PART_BYTES`` (what one device
+call carries back) and back.
 
 A checkpoint holds the weights in float32 and the Adam moments in bfloat16 when that fits in
 ``MAX_STATE_BYTES`` (a call carries at most 64 MiB back or forth, the repository included); past
@@ -10,6 +11,7 @@ warm-up (``recipe.json`` says which: ``"resume": "exact"`` or ``"weights"``).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -123,7 +125,9 @@ def write_record(path: Path, record: dict) -> None:
     """``path/recipe.json``: what made this checkpoint (appended to the runs before it)."""
     path.mkdir(parents=True, exist_ok=True)
     record = {**record, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (path / "recipe.json").write_text(json.dumps(record, indent=2, default=str))
+    tmp = path / "recipe.json.tmp"  # whole or not at all: a stage beside it may read it
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, path / "recipe.json")
 
 
 def read_record(path: Path) -> dict | None:
@@ -153,9 +157,11 @@ def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""  # same bytes, same tar
             with open(f, "rb") as fh:
                 tar.addfile(info, fh)
-    data = buffer.getvalue()
+    # gzip at its fastest level: float32 weights and bfloat16 moments lose 15% (a 54 MB codec
+    # checkpoint packs into 3 parts, not 4, in about 2 s); a call brings back at most 8 files.
+    data = gzip.compress(buffer.getvalue(), compresslevel=1, mtime=0)
     parts = []
-    lines = [f"{hashlib.sha256(data).hexdigest()}  {name}.tar"]
+    lines = [f"{hashlib.sha256(data).hexdigest()}  {name}.tar.gz"]
     for i in range(0, max(len(data), 1), part_bytes):
         part = out / f"{name}.tar.part{i // part_bytes:02d}"
         chunk = data[i: i + part_bytes]
@@ -183,7 +189,7 @@ def unpack(src: Path, name: str, dest: Path) -> Path:
     if hashlib.sha256(data).hexdigest() != whole[0]:
         raise CheckpointError(f"{src}/{name}: the joined parts are not the packed tar")
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # gzip or (packs of before) plain
         tar.extractall(dest, filter="data")
     return dest
 

@@ -91,6 +91,9 @@ class CodecTrainer:
             torch.backends.cudnn.allow_tf32 = True
             torch.backends.cudnn.benchmark = True
         self.model = build_codec(self.shape, cfg).to(self.device).train()
+        if cfg.freeze_codes:
+            self.model.encoder.requires_grad_(False)
+            self.model.quantizer.requires_grad_(False)
         self.disc = Discriminators(cfg.disc_periods, cfg.disc_stft, cfg.disc_channels).to(self.device).train()
         fused = self.device.type == "cuda"
         self.opt_g = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas,
@@ -184,7 +187,8 @@ class CodecTrainer:
                 watch.tick(self.step)
         elapsed = time.time() - started
         self.runs.append({"steps": [first_step, self.step], "seconds": round(elapsed, 1),
-                          "steps_per_s": round((self.step - first_step) / max(elapsed, 1e-9), 2)})
+                          "steps_per_s": round((self.step - first_step) / max(elapsed, 1e-9), 2),
+                          "freeze_codes": cfg.freeze_codes})
         self.history.append({"step": self.step, **self.evaluate()})
 
     def train_step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -208,8 +212,9 @@ class CodecTrainer:
     def _step(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         with self._autocast():
-            z = self.encoder(x[:, None])
-            zq, codes, latents, commit, codebook = self.model.quantizer(z)
+            with torch.set_grad_enabled(not cfg.freeze_codes):
+                z = self.encoder(x[:, None])
+                zq, codes, latents, commit, codebook = self.model.quantizer(z)
             y = self.decoder(zq)[:, 0, : x.shape[-1]].float()
         self._latents, self._codes = latents.detach(), codes.detach()
         K = codes.shape[1]
@@ -217,8 +222,10 @@ class CodecTrainer:
                                 torch.ones(1, device=x.device).expand(K, codes[:, 0].numel()))
         mel = self.mel(y, x)
         wave = waveform_l1(y, x)
-        commit, codebook = commit.mean(), codebook.mean()
-        loss = cfg.w_mel * mel + cfg.w_wave * wave + cfg.w_commit * commit + cfg.w_codebook * codebook
+        commit, codebook = commit.mean(), codebook.mean()  # frozen codes: reported, not trained on
+        loss = cfg.w_mel * mel + cfg.w_wave * wave
+        if not cfg.freeze_codes:
+            loss = loss + cfg.w_commit * commit + cfg.w_codebook * codebook
         out = {"mel": mel, "wave": wave, "commit": commit, "codebook": codebook}
         if cfg.adversarial and self.step >= cfg.disc_start_step:
             with self._autocast(disc=True):
@@ -248,7 +255,11 @@ class CodecTrainer:
     @torch.no_grad()
     def _reset_dead_codes(self) -> None:
         """Codes unused since the last reset take the place of random latents of the last batch
-        (each quantizer's own input projection), so that every code keeps being trained."""
+        (each quantizer's own input projection), so that every code keeps being trained. Frozen
+        codes are left as they are: only the usage counts start again."""
+        if self.cfg.freeze_codes:
+            self.usage.zero_()
+            return
         D = self.shape.codebook_dim
         latents = self._latents.float()  # [B, K*D, T]
         for k, quantizer in enumerate(self.model.quantizer.quantizers):

@@ -4,6 +4,10 @@
     CODES/train.json, CODES/heldout.json  {"text": [...], "offset": [...], "frames": [...]}
     CODES/manifest.json                   codec and data hashes, codes sha256, frame rate
 
+The codes of given audio depend on the codec's encoder and quantizer alone: ``codes_identity``
+hashes those, so that a decoder trained on after the codes were frozen (``codec_train.freeze_codes``)
+keeps the LM trained on them valid.
+
 An utterance of n samples has ceil(n / hop) frames (zero-padded to whole frames). Batches are
 formed by sorted length in a fixed way, so the same codec and data give the same codes.
 """
@@ -40,6 +44,20 @@ class CodeSplit:
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def codes_identity(codec_dir: Path) -> str:
+    """sha256 of the tensors that fix a saved codec's codes (``encoder.*`` and ``quantizer.*`` of
+    its model.safetensors: names, dtypes, shapes and bytes, in name order); the decoder is left out."""
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(Path(codec_dir) / "model.safetensors"), framework="pt") as f:
+        for name in sorted(k for k in f.keys() if k.startswith(("encoder.", "quantizer."))):
+            t = f.get_tensor(name).contiguous()
+            digest.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
 
 
 def load_codec_model(path: Path, device: str = "cpu"):
@@ -106,6 +124,7 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
                         "codes_sha256": hashlib.sha256(codes.tobytes()).hexdigest()}
     manifest = {
         "codec_sha256": file_sha256(Path(codec_dir) / "model.safetensors"),
+        "codes_identity": codes_identity(codec_dir),
         "data_sha256": data_sha256,
         "frame_rate": model.config.sampling_rate / math.prod(model.config.downsampling_ratios),
         "num_codebooks": model.config.n_codebooks,
@@ -123,8 +142,7 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
 def ensure(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256: str, log=print) -> dict:
     try:
         manifest = json.loads((Path(out) / "manifest.json").read_text())
-        if (manifest["data_sha256"] == data_sha256
-                and manifest["codec_sha256"] == file_sha256(Path(codec_dir) / "model.safetensors")):
+        if manifest["data_sha256"] == data_sha256 and manifest["codes_identity"] == codes_identity(codec_dir):
             return manifest
     except (OSError, ValueError, KeyError):
         pass

@@ -109,6 +109,10 @@ class CodecTrain:
     # bf16 autocast for the discriminators alone (the codec's own stream stays float32): their
     # share of a step, if the codec-speed stage shows it pays.
     disc_bf16: bool = False
+    # The encoder and quantizer frozen (no gradients, no dead-code re-seeding, no VQ losses): the
+    # codes of any audio stay as they are while the decoder trains on, so that the LM can train on
+    # them at the same time (``codes.codes_identity`` hashes what fixes them). Set on a resume.
+    freeze_codes: bool = False
     # torch.compile of the codec and discriminators: on the H200 the first 50 steps took 119 s
     # (compiling), then 7.5-8.2 s per 50 against 9.5 eager: a 9-minute call does not earn it back.
     compile: bool = False

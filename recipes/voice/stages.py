@@ -4,7 +4,7 @@ call's $OUT: at most 8 files of at most 16 MiB).
 
     WORK/data-codec/  WORK/data/   synthesized speech (the codec's first hours; all of it)
     WORK/codec/                    codec training checkpoint    -> out/codec.tar.partNN
-    WORK/codec-model/              the codec as shipped (fp16)  (made from it, where it is unpacked)
+    WORK/codec-model/              the codec as shipped (fp16, float32 quantizer; made from it)
     WORK/codes/                    codes of WORK/data by WORK/codec-model
     WORK/lm/                       LM checkpoint                -> out/lm.tar.partNN
     WORK/model/                    the exported speechctl checkpoint -> out/model.tar.partNN
@@ -158,7 +158,7 @@ def run_data(recipe: Recipe, work: Path, out: Path | None, log=print) -> dict:
 def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resume: Path | None = None,
               device: str | None = None, max_steps: int | None = None, sets: list[str] | None = None) -> Path:
     """Train the codec for ``minutes`` (a new run from ``recipe``, or resumed from the pack in
-    ``resume``); ``out`` receives codec.tar.partNN, codec.sha256 and codec-loss.png."""
+    ``resume``); ``out`` receives codec.tar.partNN and codec.sha256 (codec-loss.png inside)."""
     from recipes.voice import data
     from recipes.voice.codec import CodecTrainer
     from recipes.voice.plots import plot_codec
@@ -222,9 +222,8 @@ def _train_save_pack(trainer, ckpt: Path, out: Path | None, name: str, deadline:
     plot(png)
     log(f"{name}: saved step {trainer.step} in {ckpt}; {time.time() - started:.0f} s in all "
         f"({trained - started:.0f} s to the end of training)")
-    if out is not None:
+    if out is not None:  # the plot travels inside the pack (a call brings back at most 8 files)
         checkpoint.pack(ckpt, out, name)
-        shutil.copy(png, Path(out) / png.name)
 
 
 def make_codec_model(codec_ckpt: Path, dest: Path) -> Path:
@@ -242,7 +241,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
            sets: list[str] | None = None) -> Path:
     """Train the LM for ``minutes`` on the codes of ``codec_model`` (a directory, or a folder
     holding its pack); a new run takes the data and codec settings from the codec's record and
-    the LM settings from ``recipe``. ``out`` receives lm.tar.partNN, lm.sha256, lm-loss.png."""
+    the LM settings from ``recipe``. ``out`` receives lm.tar.partNN and lm.sha256 (lm-loss.png inside)."""
     from recipes.voice import codes, data
     from recipes.voice.lm import LMTrainer
     from recipes.voice.plots import plot_lm
@@ -269,7 +268,8 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     code_manifest = codes.ensure(codec_model, work / "data", work / "codes", device, manifest["sha256"], log=log)
     codes_sha = code_manifest["splits"]["train"]["codes_sha256"]
     trainer = LMTrainer(recipe, work / "codes", work, device, codes_sha, log=log,
-                        provenance={"codec_sha256": code_manifest["codec_sha256"], "data_sha256": manifest["sha256"]})
+                        provenance={"codec_sha256": code_manifest["codec_sha256"], "data_sha256": manifest["sha256"],
+                                    "codes_identity": code_manifest["codes_identity"]})
     log(f"lm: {trainer.parameters_count() / 1e6:.2f} M parameters, {len(trainer.train_set)} utterances")
     if resume is not None:
         trainer.resume(ckpt)
@@ -279,15 +279,29 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     return ckpt
 
 
+def _codec_for_lm(carried: Path, work: Path) -> Path:
+    """The codec checkpoint an LM stage takes its codes from when no shipped codec was carried:
+    the codec pack carried in (unpacked into a directory of the LM's own, since a codec stage
+    running beside it unpacks the same pack into ``WORK/codec``), else this machine's codec (a
+    chained call, or a codec stage that trains beside it with its codes frozen: any of its
+    checkpoints gives the same codes)."""
+    if (Path(carried) / "codec.sha256").is_file():
+        return _unpack_into(carried, "codec", Path(work) / "lm-codec")
+    if (Path(work) / "codec" / "state.pt").is_file():
+        return Path(work) / "codec"
+    raise FileNotFoundError(f"no codec for the LM: carry .voice/codec-model or .voice/codec (or train one here first)")
+
+
 def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None) -> Path:
-    from recipes.voice.codes import file_sha256
+    from recipes.voice.codes import codes_identity
     from recipes.voice.export import export, sizes
 
-    record = checkpoint.read_record(lm) or {}
-    want = record.get("codec_sha256")
-    have = file_sha256(Path(codec_model) / "model.safetensors")
+    # The codes an LM learnt are fixed by its codec's encoder and quantizer: a codec whose decoder
+    # trained on after them (codes frozen) is still its codec.
+    want, have = (checkpoint.read_record(lm) or {}).get("codes_identity"), codes_identity(codec_model)
     if want and want != have:
-        raise RuntimeError(f"{codec_model} is not the codec {lm} was trained on (sha256 {have[:16]} vs {want[:16]})")
+        raise RuntimeError(f"{codec_model} does not give the codes {lm} was trained on "
+                           f"(encoder and quantizer sha256 {have[:16]} vs {want[:16]})")
     path = export(lm, codec_model, dest, sampling)
     info = sizes(path)
     print(json.dumps(info, indent=2))
@@ -312,13 +326,13 @@ def collect(files: Path, root: Path = Path(".voice")) -> list[str]:
         shutil.rmtree(unpacked, ignore_errors=True)
         checkpoint.unpack(carry, name, unpacked)
         print(f"{name}: parts in {carry}, unpacked in {unpacked}")
+        for png in unpacked.glob("*.png"):
+            _copy(png, root / png.name)
         if name == "codec":
             model = make_codec_model(unpacked, root / "unpacked" / "codec-model")
             shutil.rmtree(root / "codec-model", ignore_errors=True)
             checkpoint.pack(model, root / "codec-model", "codec-model")
             print(f"codec-model: {model}, pack in {root / 'codec-model'}")
-    for png in files.glob("*.png"):
-        _copy(png, root / png.name)
     return names
 
 
@@ -353,9 +367,8 @@ def main_stage(args) -> None:
             (out / "codes-manifest.json").write_text(json.dumps(m, indent=2))
     elif args.stage == "lm":
         codec_model = carried / "codec-model"
-        if not (codec_model / "codec-model.sha256").is_file() and (work / "codec" / "state.pt").is_file():
-            # No carried codec: the one this machine just trained (a chained `codec && lm` call).
-            codec_model = make_codec_model(work / "codec", work / "codec-model")
+        if not (codec_model / "codec-model.sha256").is_file():
+            codec_model = make_codec_model(_codec_for_lm(carried, work), work / "codec-model")
         run_lm(recipe, work, out, args.minutes, codec_model,
                resume=carried / "lm" if args.resume else None, max_steps=args.max_steps, sets=args.set)
     elif args.stage == "export":
