@@ -185,10 +185,23 @@ def test_the_shipped_codec_keeps_its_quantizer_exact(tmp_path):
     assert {str(t.dtype) for k, t in stored.items() if k.startswith("quantizer.")} == {"torch.float32"}
     assert {str(t.dtype) for k, t in stored.items() if not k.startswith("quantizer.")} == {"torch.float16"}
     master = dict(load_trained_codec(tmp_path / "ckpt")[0].quantizer.named_parameters())
-    for model in (load_codec_model(shipped), DacCodec(shipped).model):
+    codec = DacCodec(shipped)
+    for model in (load_codec_model(shipped), codec.model):
         loaded = dict(model.quantizer.named_parameters())
         assert loaded.keys() == master.keys()
         assert all(torch.equal(loaded[k], master[k]) for k in master)
+    # speechctl computes codes (voice prompts) with TF32 off, and leaves the flags as they were
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
+    seen, encode = [], codec.model.encode
+    codec.model.encode = lambda *a, **k: seen.append(flags()) or encode(*a, **k)
+    before = flags()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        codes = codec.encode([np.zeros(3 * codec.hop_length, np.float32)])
+    finally:
+        after = flags()
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert seen == [(False, False)] and after == (True, True) and codes[0].shape[-1] == 3
 
 
 def test_frozen_codes_keep_the_codes_while_the_decoder_trains_on(tmp_path):

@@ -7,6 +7,7 @@ per frame of ``hop_length = prod(downsampling_ratios)`` samples (320 at 16 kHz: 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -60,9 +61,25 @@ class DacCodec(Codec):
         return self.model.decode(audio_codes=codes).audio_values
 
     def _encode_batch(self, waveforms: torch.Tensor) -> torch.Tensor:
-        """``[B, T * hop_length]`` waveforms -> ``[B, K, T]`` codes."""
-        return self.model.encode(waveforms[:, None, :]).audio_codes
+        """``[B, T * hop_length]`` waveforms -> ``[B, K, T]`` codes, in full float32 on a GPU."""
+        with _without_tf32():
+            return self.model.encode(waveforms[:, None, :]).audio_codes
 
     def _encoder_features(self, waveforms: torch.Tensor) -> torch.Tensor:
         """``[B, T * hop_length]`` -> encoder output ``[B, hidden_size, T]`` (quantized per frame)."""
         return self.model.encoder(waveforms[:, None, :])
+
+
+@contextmanager
+def _without_tf32():
+    """TF32 off for matmuls and convolutions while codes are computed. DAC's codebook lookup
+    compares directions, and a stage's latents can sit in a cone narrower than TF32's 10-bit
+    mantissa resolves: speechctl's own voice, encoded at TF32, got 1 distinct code from a stage
+    where float32 gives hundreds (docs/voice/codec-progress.md), and its LM learnt float32 codes.
+    Decoding keeps TF32 (the error is then in the waveform's noise floor, not in a choice)."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
