@@ -61,12 +61,11 @@ def codes_identity(codec_dir: Path) -> str:
 
 
 def load_codec_model(path: Path, device: str = "cpu"):
-    """A saved DacModel directory (``save_pretrained``; fp16 weights are computed in fp32, a
-    float32 quantizer is loaded as it is: ``save_codec_model``)."""
-    import transformers
+    """The DacModel of a saved codec directory as speechctl itself loads it (``DacCodec``: float32,
+    a float32 quantizer read exactly; eval, no gradients)."""
+    from speechctl.codecs.dac import DacCodec
 
-    model = transformers.DacModel.from_pretrained(str(path), dtype=torch.float32)
-    return model.to(device).eval().requires_grad_(False)
+    return DacCodec(path, device).model
 
 
 @torch.no_grad()
