@@ -307,6 +307,7 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
         return out
 
     stages.collect(call(1, "codec"), tmp_path / "carry")
+    env["VOICE_LM_SET"] = "data.hours=0.03"  # the LM's own share of the codec's voice
     out = call(2, "codec+lm")
     assert len(list(out.iterdir())) <= 8 and checkpoint.find_packed(out) == ["codec", "lm"]
     stages.collect(out, tmp_path / "carry")
@@ -315,6 +316,8 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     assert codec["step"] == 4 and codec["runs"][-1]["freeze_codes"] is True
     lm = checkpoint.read_record(unpacked / "lm")
     assert lm["codes_identity"] == codes_identity(unpacked / "codec-model")
+    assert lm["recipe"]["data"] == {**codec["recipe"]["data"], "hours": 0.03}
+    assert codec["recipe"]["data"]["hours"] == preset("tiny").data.hours != 0.03
     model = stages.run_export(unpacked / "lm", unpacked / "codec-model", tmp_path / "model")
     assert (model / "speechctl.json").is_file()
 

@@ -18,6 +18,8 @@
 #   VOICE_SCALE full (default) or tiny
 #   VOICE_SET   space-separated overrides, e.g. "lm.num_layers=6 lm_train.lr=0.001"
 #   VOICE_BATCHES  codec-speed: the batch sizes to time (default 32,64,128,256)
+#   VOICE_LM_SET  codec+lm: overrides for the LM alone, e.g. "data.hours=200" (a new LM reads that
+#               many hours of the codec's voice)
 #   VOICE_CARRIED  where the carried packs are (default .voice)
 #   VOICE_MAX_STEPS  training steps at most (tests)
 #   PYTHON      the interpreter (default python3: the one that holds torch there)
@@ -52,7 +54,7 @@ if [ "$STAGE" = codec+lm ]; then
   # The LM's data and codes are made on the CPU and GPU while the codec trains; each stage keeps
   # to MINUTES and saves before it, and either failing fails the call (after both have ended).
   VOICE_SET="${VOICE_SET:-} codec_train.freeze_codes=true" bash "$0" codec resume & codec=$!
-  bash "$0" lm "$MODE" & lm=$!
+  VOICE_SET="${VOICE_SET:-} ${VOICE_LM_SET:-}" bash "$0" lm "$MODE" & lm=$!
   status=0
   wait $codec || status=$?
   wait $lm || status=$?

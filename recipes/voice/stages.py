@@ -257,8 +257,10 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
+        # The voice (espeak-ng's settings, the seed, the rate) is the codec's; how many hours of
+        # it the LM reads is the LM's own (the held-out sentences do not depend on it).
         codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
-        recipe = replace(recipe, data=codec_recipe.data, codec=codec_recipe.codec,
+        recipe = replace(recipe, data=replace(codec_recipe.data, hours=recipe.data.hours), codec=codec_recipe.codec,
                          codec_train=codec_recipe.codec_train).validate()
     log = Log(ckpt / "log.txt")
     device = device or default_device()
