@@ -86,3 +86,26 @@ def test_a_shut_down_engines_kv_cache_goes_while_its_config_lives_on(tiny_checkp
     gc.collect()
     assert all(cache() is None for cache in caches), "the shut-down engine's KV cache is still alive"
     assert kept.model_config is not None
+
+
+def test_drop_engine_lets_go_of_the_holders_reference_before_collecting(monkeypatch):
+    """``drop_engine`` clears the owner's attribute, releases the engine inside what it held and
+    collects with no reference of its own left (what the three closers share)."""
+    class Engine:
+        pass
+
+    class Holder:
+        def __init__(self):
+            self.llm_engine = Engine()
+
+    owner = Holder()
+    owner.llm = Holder()
+    alive = weakref.ref(owner.llm)
+    seen = []
+    monkeypatch.setattr(vllm_compat, "release_engine", lambda e: seen.append(("release", type(e).__name__)))
+    monkeypatch.setattr(vllm_compat, "collect_dropped_engines", lambda: seen.append(("collect", alive() is None)))
+    vllm_compat.drop_engine(owner, "llm", lambda held: held.llm_engine)
+    assert owner.llm is None and seen == [("release", "Engine"), ("collect", True)]
+    vllm_compat.drop_engine(owner, "llm")  # nothing held: nothing done
+    vllm_compat.drop_engine(owner, "missing")
+    assert len(seen) == 2

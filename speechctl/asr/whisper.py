@@ -515,12 +515,8 @@ class WhisperAsr:
                     s.text, s.words = "", []
 
     def close(self) -> None:
-        llm = getattr(self, "_llm", None)
-        if llm is not None:
+        if getattr(self, "_llm", None) is not None:
             from speechctl.engine import vllm_compat
 
-            self._llm = self._engine = None
-            self._aligner = self.decoding = self.encoder = None  # they hold the runner's KV cache and model
-            vllm_compat.release_engine(llm.llm_engine)
-            del llm
-            vllm_compat.collect_dropped_engines()
+            self._engine = self._aligner = self.decoding = self.encoder = None  # they hold the runner's KV cache and model
+            vllm_compat.drop_engine(self, "_llm", lambda llm: llm.llm_engine)

@@ -349,12 +349,7 @@ class SpeechEngine:
         return bool(self._rpc("set_step_graphs", enabled))
 
     def shutdown(self) -> None:
-        engine = getattr(self, "_vllm", None)
-        if engine is not None:
-            self._vllm = None
-            vllm_compat.release_engine(engine)
-            del engine
-            vllm_compat.collect_dropped_engines()
+        vllm_compat.drop_engine(self, "_vllm")
 
 
 def _decoder_streams(req: StreamRequest) -> dict:

@@ -220,6 +220,20 @@ def collect_dropped_engines() -> None:
         torch.cuda.empty_cache()  # give the freed memory back to other processes too
 
 
+def drop_engine(owner, attribute: str, llm_engine=lambda held: held) -> None:
+    """Shut down the engine that ``owner.attribute`` holds (``llm_engine(held)``: the
+    ``LLMEngine`` in it, e.g. an ``LLM``'s ``llm_engine``) and collect what it leaves
+    (``release_engine``, ``collect_dropped_engines``). The attribute is cleared first, so that
+    the collection runs with nothing here holding the engine."""
+    held = getattr(owner, attribute, None)
+    if held is None:
+        return
+    setattr(owner, attribute, None)
+    release_engine(llm_engine(held))
+    del held
+    collect_dropped_engines()
+
+
 def release_engine(llm_engine) -> None:
     """Let go of an engine this process is dropping: give back what it holds on the device
     without breaking the engines still live here. The in-process client's ``EngineCore`` is shut

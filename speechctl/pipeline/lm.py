@@ -126,15 +126,11 @@ class TextLm:
 
     def close(self) -> None:
         """Shut the engine down and give its memory back."""
-        engine = getattr(self, "_engine", None)
-        if engine is not None:
+        if getattr(self, "_engine", None) is not None:
             from speechctl.engine import vllm_compat
 
-            self._engine = None
             self._live.clear()
-            vllm_compat.release_engine(engine)
-            del engine
-            vllm_compat.collect_dropped_engines()
+            vllm_compat.drop_engine(self, "_engine")
 
 
 class LmStage(Stage):
