@@ -24,7 +24,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
   ``check_independent_replica`` (never in a vLLM DP group), ``release_engine`` (the executor's
   shutdown frees the device; ``EngineCore.shutdown`` also tears down the process's distributed
-  state, 0.32's client runs it when collected), ``collect_dropped_engines`` (vLLM's frozen GC heap).
+  state, 0.32's client runs it when collected), ``collect_dropped_engines`` (vLLM's frozen GC heap),
+  ``drop_engine`` (both, for whoever holds an engine).
 * ``kernel_on_cuda`` / ``layers_outside_an_engine``: vLLM layers used outside its compiled
   forward (CSM's depth decoder, benchmarks).
 * ``grouped_mlp`` / ``grouped_mlp_available`` (vLLM's fused MoE kernel as a two-expert MLP:
