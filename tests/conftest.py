@@ -47,6 +47,25 @@ def engines_of_this_module():
     gc.collect()
 
 
+@pytest.fixture
+def progress():
+    """``progress(line)``: a timestamped line in SPEECHCTL_TEST_LOG while a test runs (where it is
+    set: the device scripts), for tests whose steps take minutes on the GPU (engine starts that
+    compile): a test cut off by a call's limit still tells how far it got."""
+    import os
+    import time
+
+    path = os.environ.get("SPEECHCTL_TEST_LOG")
+    started = time.time()
+
+    def line(text: str) -> None:
+        if path:
+            with open(path, "a") as f:
+                f.write(f"    [{time.time() - started:6.1f} s] {text}\n")
+
+    return line
+
+
 def pytest_runtest_logreport(report):
     """With SPEECHCTL_TEST_LOG set (benchmarks/h200.sh sets it), each test's outcome as it ends,
     and each failure's traceback: a run that a device call's time limit kills says what failed

@@ -30,10 +30,16 @@ def _free_bytes() -> int:
     return torch.cuda.mem_get_info()[0] if CUDA else 0
 
 
-def _run_and_drop(path) -> tuple[weakref.ref, weakref.ref]:
+def _free() -> str:
+    return f" ({_free_bytes() / 2**30:.1f} GiB free)" if CUDA else ""
+
+
+def _run_and_drop(path, progress) -> tuple[weakref.ref, weakref.ref]:
     # On CUDA the default memory share: the next engine starts only if this one's came back.
     memory = {} if CUDA else {"kv_cache_bytes": 1 << 26}
+    progress(f"{path.name}: starting an engine{_free()}")
     engine = SpeechEngine(path, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", **memory))
+    progress(f"{path.name}: started{_free()}")
     prompts = engine.prompt_builder()
     outs = list(engine.generate(prompts.tts(f"text {i}", max_frames=5, tag=i) for i in range(2)))
     assert [o.error for o in outs] == [None, None]
@@ -43,14 +49,15 @@ def _run_and_drop(path) -> tuple[weakref.ref, weakref.ref]:
     engine.shutdown()
     del engine
     gc.collect()
+    progress(f"{path.name}: shut down{_free()}")
     return refs
 
 
-def test_engines_of_two_families_start_stop_and_start_again(tiny_checkpoint, csm_path):
+def test_engines_of_two_families_start_stop_and_start_again(tiny_checkpoint, csm_path, progress):
     free_at_start = _free_bytes()
     for _ in range(2):
         for path in (tiny_checkpoint, csm_path):
-            model, runner = _run_and_drop(path)
+            model, runner = _run_and_drop(path, progress)
             assert model() is None, f"{path.name}: the shut-down engine's model is still alive"
             assert runner() is None, f"{path.name}: the shut-down engine's runner is still alive"
             if CUDA:  # what the engine took came back (CUDA's context and the codec's kernels aside)
