@@ -287,7 +287,8 @@ def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
 
 @needs_espeak
 def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
-    """``gpu.sh codec+lm`` as a fresh device machine runs it (tiny scale, here): the carried codec
+    """``gpu.sh codec+lm`` as a fresh device machine runs it (tiny scale, here, vLLM not
+    importable): the carried codec
     resumes with its codes frozen while a new LM trains on its codes, both packs come back within
     a call's 8 files, and the LM exports with the codec as the call left it."""
     import os
@@ -295,8 +296,12 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     from recipes.voice import stages
     from recipes.voice.codes import codes_identity
 
+    # vLLM is not importable there, as on the GPU machine before it is staged
+    (tmp_path / "no-vllm").mkdir()
+    (tmp_path / "no-vllm" / "sitecustomize.py").write_text("import sys\nsys.modules['vllm'] = None\n")
     env = {**os.environ, "PYTHON": sys.executable, "VOICE_SCALE": "tiny", "VOICE_MAX_STEPS": "2",
-           "MINUTES": "5", "VOICE_CARRIED": str(tmp_path / "carry")}
+           "MINUTES": "5", "VOICE_CARRIED": str(tmp_path / "carry"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "no-vllm"), os.environ.get("PYTHONPATH")]))}
     gpu_sh = str(ROOT / "recipes" / "voice" / "gpu.sh")
 
     def call(n: int, *stage: str) -> Path:
