@@ -327,6 +327,26 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     assert (model / "speechctl.json").is_file()
 
 
+def test_the_lm_takes_the_machines_own_codec_before_a_carried_pack(tmp_path):
+    """Without a carried shipped codec, an LM stage takes this machine's codec (a chained `codec
+    resume` trained it past any pack on the machine), else the carried codec pack, unpacked whole
+    into a directory of its own; with neither, one line."""
+    from recipes.voice import stages
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "state.pt").write_bytes(b"carried")
+    checkpoint.pack(src, tmp_path / "carried", "codec")
+    got = stages._codec_for_lm(tmp_path / "carried", tmp_path / "work")
+    assert got == tmp_path / "work" / "lm-codec" and (got / "state.pt").read_bytes() == b"carried"
+    assert not (tmp_path / "work" / "lm-codec.unpacking").exists()
+    (tmp_path / "work" / "codec").mkdir()
+    (tmp_path / "work" / "codec" / "state.pt").write_bytes(b"trained here")
+    assert stages._codec_for_lm(tmp_path / "carried", tmp_path / "work") == tmp_path / "work" / "codec"
+    with pytest.raises(FileNotFoundError, match="no codec for the LM"):
+        stages._codec_for_lm(tmp_path / "nothing", tmp_path / "fresh")
+
+
 def test_a_term_signal_ends_training_with_its_checkpoint_packed(tmp_path):
     """A device call's time limit (SIGTERM) ends training at the next step, the watch's periodic
     checkpoint on the machine comes with its pack in out, and the process's own SIGTERM handler

@@ -123,11 +123,17 @@ class StageWatch:
 
 
 def _unpack_into(carried: Path, name: str, dest: Path) -> Path:
-    """A pack carried to the device (``carried/name.sha256`` + parts) unpacked as ``dest``."""
+    """A pack carried to the device (``carried/name.sha256`` + parts) unpacked as ``dest``, which
+    appears whole or not at all (a stage running beside this one may look for it)."""
     if not (Path(carried) / f"{name}.sha256").is_file():
         raise FileNotFoundError(f"no {name}.sha256 in {carried}: carry the parts of '{name}' (see README)")
+    dest = Path(dest)
+    partial = dest.with_name(dest.name + ".unpacking")
+    shutil.rmtree(partial, ignore_errors=True)
+    checkpoint.unpack(carried, name, partial)
     shutil.rmtree(dest, ignore_errors=True)
-    return checkpoint.unpack(carried, name, dest)
+    os.replace(partial, dest)
+    return dest
 
 
 # -- stages -------------------------------------------------------------------------------------
@@ -283,14 +289,14 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
 
 def _codec_for_lm(carried: Path, work: Path) -> Path:
     """The codec checkpoint an LM stage takes its codes from when no shipped codec was carried:
-    the codec pack carried in (unpacked into a directory of the LM's own, since a codec stage
-    running beside it unpacks the same pack into ``WORK/codec``), else this machine's codec (a
-    chained call, or a codec stage that trains beside it with its codes frozen: any of its
-    checkpoints gives the same codes)."""
-    if (Path(carried) / "codec.sha256").is_file():
-        return _unpack_into(carried, "codec", Path(work) / "lm-codec")
+    this machine's codec (newer than any pack an earlier call carried: a chained `codec resume`
+    then `lm`; or a codec stage training beside it with its codes frozen, whose every checkpoint
+    gives the same codes), else the codec pack carried in (unpacked into a directory of the LM's
+    own: a codec stage beside it unpacks the same pack into ``WORK/codec``, whole or not at all)."""
     if (Path(work) / "codec" / "state.pt").is_file():
         return Path(work) / "codec"
+    if (Path(carried) / "codec.sha256").is_file():
+        return _unpack_into(carried, "codec", Path(work) / "lm-codec")
     raise FileNotFoundError(f"no codec for the LM: carry .voice/codec-model or .voice/codec (or train one here first)")
 
 
