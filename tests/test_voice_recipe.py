@@ -302,12 +302,12 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "VOICE_SCALE": "tiny", "VOICE_MAX_STEPS": "2",
            "MINUTES": "5", "VOICE_CARRIED": str(tmp_path / "carry"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "no-vllm"), os.environ.get("PYTHONPATH")]))}
-    gpu_sh = str(ROOT / "recipes" / "voice" / "gpu.sh")
+    gpu_sh = "recipes/voice/gpu.sh"  # from the repository's root, as a device call runs it
 
     def call(n: int, *stage: str) -> Path:
         out = tmp_path / f"out{n}"
         run = subprocess.run(["bash", gpu_sh, *stage], env={**env, "VOICE_WORK": str(tmp_path / f"machine{n}"),
-                             "OUT": str(out)}, capture_output=True, text=True, timeout=600)
+                             "OUT": str(out)}, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         return out
 

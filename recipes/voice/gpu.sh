@@ -31,6 +31,7 @@ set -euo pipefail
 export VOICE_STARTED=${VOICE_STARTED:-$(date +%s.%N)}
 STAGE=${1:?usage: recipes/voice/gpu.sh data|codec|lm|codes|export|codec-speed|codec+lm [resume]}
 MODE=${2:-}
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")  # codec+lm runs it twice more, from the root
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-${VOICE_WORK:-/root/voice}/out}
@@ -53,8 +54,8 @@ fi
 if [ "$STAGE" = codec+lm ]; then
   # The LM's data and codes are made on the CPU and GPU while the codec trains; each stage keeps
   # to MINUTES and saves before it, and either failing fails the call (after both have ended).
-  VOICE_SET="${VOICE_SET:-} codec_train.freeze_codes=true" bash "$0" codec resume & codec=$!
-  VOICE_SET="${VOICE_SET:-} ${VOICE_LM_SET:-}" bash "$0" lm "$MODE" & lm=$!
+  VOICE_SET="${VOICE_SET:-} codec_train.freeze_codes=true" bash "$SELF" codec resume & codec=$!
+  VOICE_SET="${VOICE_SET:-} ${VOICE_LM_SET:-}" bash "$SELF" lm "$MODE" & lm=$!
   status=0
   wait $codec || status=$?
   wait $lm || status=$?
