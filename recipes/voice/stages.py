@@ -139,16 +139,17 @@ def _unpack_into(carried: Path, name: str, dest: Path) -> Path:
 # -- stages -------------------------------------------------------------------------------------
 
 
-def _resume_into(carried: Path, name: str, ckpt: Path) -> str:
-    """Where a resumed run starts: this machine's own checkpoint ``ckpt`` when it has one (a call
-    chained within the machine's warm time: newer than any pack, and a pack an earlier call carried
-    stays on the machine between calls, older), else the pack carried in ``carried``."""
+def _resume_into(carried: Path, name: str, ckpt: Path, unpack_into: Path | None = None,
+                 missing: str | None = None) -> tuple[Path, str]:
+    """Where a run takes checkpoint ``name`` from, and how to say it: this machine's own ``ckpt``
+    when it has one (a call chained within the machine's warm time: newer than any pack, and a pack
+    an earlier call carried stays on the machine between calls, older), else the pack carried in
+    ``carried``, unpacked into ``unpack_into`` (default ``ckpt``); with neither, ``missing``."""
     if (ckpt / "state.pt").is_file():
-        return "this machine's own checkpoint"
+        return ckpt, "this machine's own checkpoint"
     if (Path(carried) / f"{name}.sha256").is_file():
-        _unpack_into(carried, name, ckpt)
-        return f"the pack carried in {carried}"
-    raise FileNotFoundError(f"nothing to resume: no {name}.sha256 in {carried} and no {ckpt / 'state.pt'}")
+        return _unpack_into(carried, name, unpack_into or ckpt), f"the pack carried in {carried}"
+    raise FileNotFoundError(missing or f"nothing to resume: no {name}.sha256 in {carried} and no {ckpt / 'state.pt'}")
 
 
 def run_data(recipe: Recipe, work: Path, out: Path | None, log=print) -> dict:
@@ -173,7 +174,7 @@ def run_codec(recipe: Recipe, work: Path, out: Path | None, minutes: float, resu
     work = Path(work)
     ckpt = work / "codec"
     if resume is not None:
-        source = _resume_into(resume, "codec", ckpt)
+        _, source = _resume_into(resume, "codec", ckpt)
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -259,7 +260,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
         codec_model = _unpack_into(codec_model, "codec-model", work / "codec-model")
     ckpt = work / "lm"
     if resume is not None:
-        source = _resume_into(resume, "lm", ckpt)
+        _, source = _resume_into(resume, "lm", ckpt)
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -288,16 +289,14 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
 
 
 def _codec_for_lm(carried: Path, work: Path) -> Path:
-    """The codec checkpoint an LM stage takes its codes from when no shipped codec was carried:
-    this machine's codec (newer than any pack an earlier call carried: a chained `codec resume`
-    then `lm`; or a codec stage training beside it with its codes frozen, whose every checkpoint
-    gives the same codes), else the codec pack carried in (unpacked into a directory of the LM's
-    own: a codec stage beside it unpacks the same pack into ``WORK/codec``, whole or not at all)."""
-    if (Path(work) / "codec" / "state.pt").is_file():
-        return Path(work) / "codec"
-    if (Path(carried) / "codec.sha256").is_file():
-        return _unpack_into(carried, "codec", Path(work) / "lm-codec")
-    raise FileNotFoundError(f"no codec for the LM: carry .voice/codec-model or .voice/codec (or train one here first)")
+    """The codec checkpoint an LM stage takes its codes from when no shipped codec was carried
+    (``_resume_into``'s rule): this machine's codec (a chained `codec resume` then `lm`, or a codec
+    stage training beside it with its codes frozen, whose every checkpoint gives the same codes),
+    else the carried codec pack, unpacked into a directory of the LM's own (a codec stage beside
+    it unpacks the same pack into ``WORK/codec``, whole or not at all)."""
+    path, _ = _resume_into(carried, "codec", Path(work) / "codec", unpack_into=Path(work) / "lm-codec",
+                           missing="no codec for the LM: carry .voice/codec-model or .voice/codec (or train one here first)")
+    return path
 
 
 def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None) -> Path:
