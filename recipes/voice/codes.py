@@ -102,19 +102,20 @@ def encode_split(model, split, device: str, batch_seconds: float = 600.0) -> tup
 
 def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256: str, log=print) -> dict:
     """Encode every split of ``data_dir`` with the codec at ``codec_dir`` into ``out``."""
+    from speechctl.codecs.dac import codes_in_float32
+
     started = time.time()
     if device.startswith("cuda"):
         torch.backends.cudnn.deterministic = True  # same codes on every run of the same data
         torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
     model = load_codec_model(codec_dir, device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     splits = {}
     for name in SPLITS:
         split = load_split(data_dir, name)
-        codes, frames = encode_split(model, split, device)
+        with codes_in_float32():  # as speechctl computes codes
+            codes, frames = encode_split(model, split, device)
         np.save(out / f"{name}.npy", codes)
         offsets = np.concatenate([[0], np.cumsum(frames)[:-1]]) if len(frames) else frames
         (out / f"{name}.json").write_text(json.dumps(

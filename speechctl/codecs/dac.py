@@ -62,7 +62,7 @@ class DacCodec(Codec):
 
     def _encode_batch(self, waveforms: torch.Tensor) -> torch.Tensor:
         """``[B, T * hop_length]`` waveforms -> ``[B, K, T]`` codes, in full float32 on a GPU."""
-        with _without_tf32():
+        with codes_in_float32():
             return self.model.encode(waveforms[:, None, :]).audio_codes
 
     def _encoder_features(self, waveforms: torch.Tensor) -> torch.Tensor:
@@ -71,8 +71,9 @@ class DacCodec(Codec):
 
 
 @contextmanager
-def _without_tf32():
-    """TF32 off for matmuls and convolutions while codes are computed. DAC's codebook lookup
+def codes_in_float32():
+    """TF32 off for matmuls and convolutions while codes are computed (here, and where the voice
+    recipe encodes its training data: the same codes either way). DAC's codebook lookup
     compares directions, and a stage's latents can sit in a cone narrower than TF32's 10-bit
     mantissa resolves: speechctl's own voice, encoded at TF32, got 1 distinct code from a stage
     where float32 gives hundreds (docs/voice/codec-progress.md), and its LM learnt float32 codes.
