@@ -288,9 +288,9 @@ def test_codec_stage_resumes_the_machines_own_checkpoint(tmp_path):
 @needs_espeak
 def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     """``gpu.sh codec+lm`` as a fresh device machine runs it (tiny scale, here, vLLM not
-    importable): the carried codec
-    resumes with its codes frozen while a new LM trains on its codes, both packs come back within
-    a call's 8 files, and the LM exports with the codec as the call left it."""
+    importable): the carried codec resumes with its codes frozen while a new LM trains on its
+    codes, both packs come back within a call's 8 files, and the LM exports with the codec as the
+    call left it."""
     import os
 
     from recipes.voice import stages
