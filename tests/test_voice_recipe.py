@@ -544,6 +544,58 @@ def test_a_pack_cut_short_is_no_pack(tmp_path, monkeypatch):
     assert checkpoint.find_packed(tmp_path / "out") == []
 
 
+def test_kept_packs_live_in_history_not_in_the_tree_and_come_back(tmp_path):
+    """keep: the packs reachable from HEAD through a merge whose tree is HEAD's (a checkout, and
+    a device call, carries none of them; the index and uncommitted changes stay); restore, in a
+    clone with no .voice/, files them as collect does."""
+    from recipes.voice.keep import KeepError, keep, restore
+
+    def git(repo, *args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    (repo / "README").write_text("x\n")
+    git(repo, "add", "README")
+    git(repo, "commit", "-q", "-m", "first")
+    (repo / "README").write_text("uncommitted\n")
+    src = tmp_path / "lm-state"
+    src.mkdir()
+    (src / "state.pt").write_bytes(np.random.default_rng(1).bytes(5000))
+    (src / "recipe.json").write_text('{"stage": "lm"}')
+    voice = repo / ".voice"
+    checkpoint.pack(src, voice / "lm", "lm", part_bytes=2000)
+    with pytest.raises(KeepError, match="no codec.sha256"):
+        keep(["codec"], voice, repo)
+    first = git(repo, "rev-parse", "HEAD")
+
+    merge = keep(["lm"], voice, repo, note="lm step 3")
+    assert git(repo, "rev-parse", "HEAD") == merge and git(repo, "rev-parse", "main") == merge
+    assert git(repo, "rev-parse", f"{merge}^1") == first
+    assert git(repo, "rev-parse", f"{merge}^{{tree}}") == git(repo, "rev-parse", f"{first}^{{tree}}")
+    assert git(repo, "log", "-1", "--format=%s") == "voice: keep lm (lm step 3)"
+    assert git(repo, "status", "--porcelain", "--untracked-files=no") == "M README"  # untouched
+    assert (repo / "README").read_text() == "uncommitted\n"
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    assert not (clone / "voice-kept").exists() and not (clone / ".voice").exists()
+    assert restore(clone / ".voice", clone) == ["lm"]
+    back = clone / ".voice" / "unpacked" / "lm"
+    assert (back / "state.pt").read_bytes() == (src / "state.pt").read_bytes()
+    assert sorted(p.name for p in (clone / ".voice" / "lm").iterdir()) == sorted(p.name for p in (voice / "lm").iterdir())
+
+    # a damaged part is refused before anything is committed
+    part = voice / "lm" / "lm.tar.part01"
+    part.write_bytes(b"x" + part.read_bytes()[1:])
+    with pytest.raises(checkpoint.CheckpointError):
+        keep(["lm"], voice, repo)
+    assert git(repo, "rev-parse", "HEAD") == merge
+
+
 # -- LM: batches, logits, export ----------------------------------------------------------------------
 
 

@@ -32,6 +32,16 @@ def main(argv=None) -> None:
     q.add_argument("files", help="the call's files_at folder")
     q.add_argument("--root", default=".voice")
 
+    q = sub.add_parser("keep", help="commit .voice/NAME packs into this repository's history, out of its tree "
+                                    "(a merge whose second parent holds them); restore brings them back")
+    q.add_argument("names", nargs="+", help="packs under --root to keep, e.g. codec lm")
+    q.add_argument("--root", default=".voice")
+    q.add_argument("--note", default="", help="said in the commit's subject, e.g. 'codec step 8,300'")
+
+    q = sub.add_parser("restore", help="file the newest kept packs under .voice/ (as collect does)")
+    q.add_argument("--root", default=".voice")
+    q.add_argument("--commit", default=None, help="a keep merge other than the newest")
+
     q = sub.add_parser("export", help="the speechctl checkpoint directory from an LM and its codec")
     q.add_argument("--lm", default=".voice/unpacked/lm")
     q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
@@ -105,6 +115,14 @@ def main(argv=None) -> None:
         from recipes.voice.stages import collect
 
         collect(Path(args.files), Path(args.root))
+    elif args.command == "keep":
+        from recipes.voice.keep import keep
+
+        print(keep(args.names, Path(args.root), note=args.note))
+    elif args.command == "restore":
+        from recipes.voice.keep import restore
+
+        restore(Path(args.root), commit=args.commit)
     elif args.command == "export":
         from recipes.voice.stages import run_export
 

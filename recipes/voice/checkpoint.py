@@ -174,10 +174,10 @@ def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[
     return parts
 
 
-def unpack(src: Path, name: str, dest: Path) -> Path:
-    """Join ``src/name.tar.partNN`` (checked against ``src/name.sha256``) and extract into
-    ``dest``; returns ``dest``."""
-    src, dest = Path(src), Path(dest)
+def joined(src: Path, name: str) -> bytes:
+    """The packed tar of ``src/name.tar.partNN``, checked part by part and whole against
+    ``src/name.sha256``."""
+    src = Path(src)
     sums = (src / f"{name}.sha256").read_text().split("\n")
     whole, *parts = [line.split() for line in sums if line.strip()]
     data = b""
@@ -188,6 +188,13 @@ def unpack(src: Path, name: str, dest: Path) -> Path:
         data += chunk
     if hashlib.sha256(data).hexdigest() != whole[0]:
         raise CheckpointError(f"{src}/{name}: the joined parts are not the packed tar")
+    return data
+
+
+def unpack(src: Path, name: str, dest: Path) -> Path:
+    """Join ``src/name.tar.partNN`` (checked against ``src/name.sha256``) and extract into
+    ``dest``; returns ``dest``."""
+    data, dest = joined(src, name), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # gzip or (packs of before) plain
         tar.extractall(dest, filter="data")

@@ -1,0 +1,103 @@
+"""Training checkpoints kept across sessions in the repository's history, out of its tree.
+
+``.voice/`` is git-ignored, and a new checkout of the repository holds only what was committed:
+the fifteenth session found the codec of four sessions' device calls (step 11,215) gone with it.
+``keep`` makes the packs in ``.voice/NAME/`` (the parts a device call brought back) reachable
+from HEAD without putting them in its tree: a parentless commit holds them under
+``voice-kept/NAME/``, and a merge commit on the current branch, whose tree is HEAD's own, names it
+as its second parent. A checkout, and so every device call, carries none of it; a clone fetches
+it. ``restore`` finds the newest such merge in HEAD's history and files its packs under
+``.voice/`` as ``collect`` files a device call's (unpacked, and a codec's shipped form made).
+
+Only git's plumbing is used, so the index, the working tree and any uncommitted change stay as
+they are.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from recipes.voice import checkpoint
+
+SUBJECT = "voice: keep"  # the merge commits' subject starts so; restore looks for it
+KEPT_DIR = "voice-kept"
+
+
+class KeepError(RuntimeError):
+    pass
+
+
+def _git(repo: Path, *args: str, env: dict | None = None) -> bytes:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        raise KeepError(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
+    return done.stdout
+
+
+def _text(repo: Path, *args: str, env: dict | None = None) -> str:
+    return _git(repo, *args, env=env).decode().strip()
+
+
+def _pack_files(root: Path, name: str) -> list[Path]:
+    """The hash file and the parts it names, checked whole (or nothing is kept)."""
+    folder = root / name
+    sums = folder / f"{name}.sha256"
+    if not sums.is_file():
+        raise KeepError(f"{folder}: no {name}.sha256 (collect a device call's files first)")
+    checkpoint.joined(folder, name)
+    parts = [line.split()[1] for line in sums.read_text().splitlines()[1:] if line.strip()]
+    return [sums, *(folder / part for part in parts)]
+
+
+def keep(names: list[str], root: Path = Path(".voice"), repo: Path = Path("."), note: str = "") -> str:
+    """Commit the packs ``root/NAME/`` for each of ``names`` as described above; returns the
+    merge commit's hash."""
+    root, repo = Path(root), Path(repo)
+    if not names:
+        raise KeepError("name at least one pack to keep (e.g. codec, lm)")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        for name in names:
+            for f in _pack_files(root, name):
+                blob = _text(repo, "hash-object", "-w", str(f))
+                _git(repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{KEPT_DIR}/{name}/{f.name}", env=env)
+        tree = _text(repo, "write-tree", env=env)
+    subject = f"{SUBJECT} {', '.join(names)}" + (f" ({note})" if note else "")
+    side = _text(repo, "commit-tree", tree, "-m", f"{subject}: the packs")
+    head = _text(repo, "rev-parse", "HEAD")
+    head_tree = _text(repo, "rev-parse", "HEAD^{tree}")
+    body = (f"{subject}\n\nThe packs are in the second parent, under {KEPT_DIR}/; this commit's tree is its first "
+            "parent's. `python -m recipes.voice restore` files them under .voice/.\n")
+    merge = _text(repo, "commit-tree", head_tree, "-p", head, "-p", side, "-m", body)
+    _git(repo, "update-ref", "-m", subject, "HEAD", merge, head)
+    return merge
+
+
+def newest(repo: Path = Path(".")) -> str | None:
+    """The newest keep merge in HEAD's history, or None."""
+    for line in _text(repo, "log", "--merges", "--format=%H %s", "HEAD").splitlines():
+        commit, _, subject = line.partition(" ")
+        if subject.startswith(SUBJECT):
+            return commit
+    return None
+
+
+def restore(root: Path = Path(".voice"), repo: Path = Path("."), commit: str | None = None) -> list[str]:
+    """File the packs of the newest keep merge (or ``commit``) under ``root`` (``collect``'s
+    filing); returns their names."""
+    from recipes.voice.stages import collect
+
+    commit = commit or newest(repo)
+    if commit is None:
+        raise KeepError("no kept packs in this history (python -m recipes.voice keep NAME... keeps them)")
+    side = f"{commit}^2"
+    paths = _text(repo, "ls-tree", "-r", "--name-only", side, f"{KEPT_DIR}/").split()
+    if not paths:
+        raise KeepError(f"{commit}: its second parent has no {KEPT_DIR}/")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            (Path(tmp) / Path(path).name).write_bytes(_git(repo, "cat-file", "blob", f"{side}:{path}"))
+        return collect(Path(tmp), Path(root))
