@@ -128,6 +128,36 @@ def tiny_recipe(**lm):
     return recipe
 
 
+def test_codebooks_start_as_dacs_reference_draws_them():
+    """transformers draws a DacModel's codebooks from N(0, 0.02) (every Embedding); DAC's
+    reference keeps nn.Embedding's N(0, 1), and from codes that small the commitment loss
+    crushed the encoder's latents (the mel loss's 1,400- and 3,900-step plateaus on the H200).
+    The rest of the model is transformers' own init; a record made before the setting existed
+    reads the init it ran with."""
+    import transformers
+
+    from recipes.voice.codec import build_codec
+    from recipes.voice.config import Recipe
+
+    recipe = preset("full")
+    model = build_codec(recipe.codec, recipe.codec_train)
+    books = torch.cat([q.codebook.weight.detach().flatten() for q in model.quantizer.quantizers])
+    assert books.std().item() == pytest.approx(1.0, abs=0.01) and abs(books.mean().item()) < 0.01
+    torch.manual_seed(recipe.codec_train.seed)
+    reference = transformers.DacModel(recipe.codec.dac_config())
+    assert reference.quantizer.quantizers[0].codebook.weight.std().item() == pytest.approx(0.02, abs=0.002)
+    ours = {k: v for k, v in model.state_dict().items() if "codebook" not in k and "parametrizations" not in k}
+    theirs = reference.state_dict()
+    assert ours and all(torch.equal(v, theirs[k]) for k, v in ours.items())
+    again = build_codec(recipe.codec, recipe.codec_train)
+    assert torch.equal(again.quantizer.quantizers[3].codebook.weight, model.quantizer.quantizers[3].codebook.weight)
+
+    old = recipe.to_dict()
+    del old["codec_train"]["codebook_init_std"]
+    assert Recipe.from_dict(old).codec_train.codebook_init_std == 0.02
+    assert Recipe.from_dict(recipe.to_dict()).codec_train.codebook_init_std == 1.0
+
+
 def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
     from recipes.voice.codec import CodecTrainer, load_trained_codec
 

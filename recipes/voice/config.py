@@ -103,6 +103,7 @@ class CodecTrain:
     disc_periods: tuple[int, ...] = (2, 3, 5, 7, 11)
     disc_stft: tuple[int, ...] = (2048, 1024, 512)
     disc_channels: int = 16
+    codebook_init_std: float = 1.0  # DAC's (nn.Embedding's default); transformers' own init is 0.02
     codebook_reset_every: int = 200  # steps; re-seed unused codes from encoder outputs (0: never)
     # TF32, not bf16 autocast: a bf16 residual stream puts a ~-48 dB noise floor on the waveform.
     bf16: bool = False
@@ -201,12 +202,17 @@ class Recipe:
         return cls(**kwargs).validate()
 
 
+# Settings added after runs were recorded, with the value those runs had: a record without one
+# was made before it existed. (The first codecs' codebooks were transformers' N(0, 0.02).)
+BEFORE_RECORDED = {"CodecTrain": {"codebook_init_std": 0.02}}
+
+
 def _build(kind, values: dict):
     known = {f.name for f in fields(kind)}
     unknown = set(values) - known
     if unknown:
         raise ConfigError(f"unknown {kind.__name__} settings: {sorted(unknown)}")
-    out = kind(**values)
+    out = kind(**{**BEFORE_RECORDED.get(kind.__name__, {}), **values})
     for f in fields(kind):  # JSON gives lists where the defaults are tuples
         default = getattr(kind(), f.name)
         if isinstance(default, tuple):
