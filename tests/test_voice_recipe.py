@@ -194,6 +194,31 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
     assert out.shape == (1, 6400)
 
 
+def test_a_log_line_is_the_mean_of_the_steps_its_window_had(tmp_path):
+    """A resumed run's first window is shorter than log_every, and the adversarial terms begin
+    mid-window: each logged value is the mean over the steps that gave it (dividing by log_every
+    logged a mel of 1.80 at the first line of a resumed H200 run whose mel was 5.0)."""
+    from recipes.voice.codec import CodecTrainer
+
+    sha = fake_data(tmp_path / "data")
+    recipe = tiny_recipe()
+    recipe.codec_train = replace(recipe.codec_train, log_every=4, disc_start_step=3, codebook_reset_every=0)
+    trainer = CodecTrainer(recipe, tmp_path / "data", "cpu", sha, log=lambda line: None)
+    trainer.step = 2  # as if resumed at step 2: the first window holds steps 3 and 4
+
+    def step(x):
+        out = {"mel": torch.tensor(2.0)}
+        if trainer.step >= recipe.codec_train.disc_start_step:
+            out["adv"] = torch.tensor(6.0)
+        return out
+
+    trainer.train_step = step
+    trainer.evaluate = lambda: {}
+    trainer.train(1e12, max_steps=2)
+    assert trainer.history[0]["step"] == 4
+    assert trainer.history[0]["mel"] == 2.0 and trainer.history[0]["adv"] == 6.0
+
+
 def test_the_shipped_codec_keeps_its_quantizer_exact(tmp_path):
     """The codec speechctl ships stores its encoder and decoder in float16 and its quantizer in
     float32, and both loaders (the recipe's and speechctl's DAC codec) read the quantizer back

@@ -166,7 +166,8 @@ class CodecTrainer:
         started, first_step = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first_step, warmup_steps=cfg.warmup_steps,
                                decay_share=cfg.decay_share, floor=cfg.min_lr_share, max_steps=max_steps)
-        sums: dict[str, torch.Tensor] = {}
+        sums: dict[str, torch.Tensor] = {}  # since the last log line; counts: steps that gave each
+        counts: dict[str, int] = {}
         window_start = time.time()
         while (time.time() < deadline and (max_steps is None or self.step - first_step < max_steps)
                and not (watch is not None and watch.stop)):
@@ -178,17 +179,18 @@ class CodecTrainer:
             torch.manual_seed(cfg.seed * 7919 + self.step)  # quantizer dropout draws from the global generator
             losses = self.train_step(self.crops.batch(self.step, cfg.batch_size))
             for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + v.detach()
+                sums[k], counts[k] = sums.get(k, 0.0) + v.detach(), counts.get(k, 0) + 1
             self.step += 1
             if self.step % cfg.log_every == 0:
-                n = cfg.log_every
-                row = {k: round(float(v) / n, 5) for k, v in sums.items()}
+                # a mean over the steps the window had: a resumed run's first window is shorter,
+                # and the adversarial terms begin mid-window
+                row = {k: round(float(v) / counts[k], 5) for k, v in sums.items()}
                 row.update(step=self.step, lr=cfg.lr * scale, seconds=round(time.time() - window_start, 2),
                            usage=self._usage_summary())
                 self.history.append(row)
                 self.log("codec: " + " ".join(f"{k} {v}" for k, v in row.items() if k != "usage")
                          + f" used {row['usage']}")
-                sums, window_start = {}, time.time()
+                sums, counts, window_start = {}, {}, time.time()
             if cfg.codebook_reset_every and self.step % cfg.codebook_reset_every == 0:
                 self._reset_dead_codes()
             if watch is not None:

@@ -328,7 +328,7 @@ class LMTrainer:
         started, first = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first, warmup_steps=cfg.warmup_steps, decay_share=cfg.decay_share,
                                floor=cfg.min_lr / cfg.lr, max_steps=max_steps, rewarm_from=self.resumed_at)
-        sums, tokens, window = None, 0, time.time()
+        sums, steps, tokens, window = None, 0, 0, time.time()
         batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
         while (time.time() < deadline and (max_steps is None or self.step - first < max_steps)
                and not (watch is not None and watch.stop)):
@@ -349,10 +349,10 @@ class LMTrainer:
             self.step, self.position = self.step + 1, self.position + 1
             tokens += len(ids) * length
             part = torch.cat([loss.detach()[None], grad[None], per_stream, acc])
-            sums = part if sums is None else sums + part
-            if self.step % cfg.log_every == 0:
-                self._log_row(sums / cfg.log_every, lr, tokens, time.time() - window)
-                sums, tokens, window = None, 0, time.time()
+            sums, steps = (part if sums is None else sums + part), steps + 1
+            if self.step % cfg.log_every == 0:  # a resumed run's first window is shorter
+                self._log_row(sums / steps, lr, tokens, time.time() - window)
+                sums, steps, tokens, window = None, 0, 0, time.time()
             if self.step % cfg.eval_every == 0:
                 self.history.append({"step": self.step, **self.evaluate()})
                 self.log(f"lm: step {self.step} held out {self.history[-1]}")
