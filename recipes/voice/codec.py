@@ -35,7 +35,7 @@ def build_codec(shape: CodecShape, train: CodecTrain):
     # leaves nn.Embedding's N(0, 1). From codes 50x smaller than the encoder's latents soon are,
     # the commitment loss crushes the latents towards them (CPU, full shape: RMS 9.0 at step 40,
     # 0.09 at step 90) until the codebooks have crawled up at the learning rate: the mel loss
-    # sat at 4.7 for 1,400 steps (eleventh session) and for all of a 2,750-step call (fifteenth).
+    # sat at 4.7 for 1,400 steps (eleventh session's run) and 3,900 steps (fifteenth's).
     with torch.no_grad():
         for quantizer in model.quantizer.quantizers:
             quantizer.codebook.weight.normal_(0.0, train.codebook_init_std)
