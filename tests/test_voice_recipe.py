@@ -170,7 +170,7 @@ def test_codec_trains_saves_and_resumes_where_it_stopped(tmp_path):
 
     straight = trainer()
     straight.train(far, max_steps=3)
-    assert {"mel", "wave", "commit", "codebook", "d", "adv", "feat"} <= set(straight.history[1])
+    assert {"mel", "wave", "commit", "codebook", "latent_rms", "d", "adv", "feat"} <= set(straight.history[1])
     first = trainer()
     first.train(far, max_steps=2)
     first.save(tmp_path / "ckpt")

@@ -87,6 +87,11 @@ def main(argv=None) -> None:
     q.add_argument("--data", default=".voice/heldout-data")
     q.add_argument("--limit", type=int, default=40)
 
+    q = sub.add_parser("plateau", help="the codec's early plateau probed on this CPU (latents, mel loss; plateau.py)")
+    q.add_argument("--codebook-init-std", type=float, default=1.0)
+    q.add_argument("--steps", type=int, default=1200)
+    q.add_argument("--work", default=".voice/plateau", help="where its 0.3 h of speech is made")
+
     q = sub.add_parser("eval-voice", help="issue 20's round-trip table: espeak-ng, its codec reconstruction and "
                                           "the exported voice through speechctl, Whisper's WER on each")
     q.add_argument("--model", default=".voice/model", help="an exported voice (python -m recipes.voice export)")
@@ -173,6 +178,10 @@ def main(argv=None) -> None:
         from recipes.voice.codebooks import main as codebooks
 
         codebooks(Path(args.codec), Path(args.data), args.limit)
+    elif args.command == "plateau":
+        from recipes.voice.plateau import probe
+
+        probe(Path(args.work), args.codebook_init_std, args.steps)
     elif args.command == "eval-voice":
         import shlex
 

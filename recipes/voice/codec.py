@@ -33,9 +33,10 @@ def build_codec(shape: CodecShape, train: CodecTrain):
     model = transformers.DacModel(shape.dac_config(quantizer_dropout=train.quantizer_dropout))
     # transformers draws every Embedding from N(0, 0.02), the codebooks too; DAC's reference
     # leaves nn.Embedding's N(0, 1). From codes 50x smaller than the encoder's latents soon are,
-    # the commitment loss crushes the latents towards them (CPU, full shape: RMS 9.0 at step 40,
-    # 0.09 at step 90) until the codebooks have crawled up at the learning rate: the mel loss
-    # sat at 4.7 for 1,400 steps (eleventh session's run) and 3,900 steps (fifteenth's).
+    # the commitment loss crushes the latents towards them, and the decoder, given nothing, sits
+    # at the average spectrum (mel ~4.7: 1,400 and 3,900 steps on the H200). On the CPU probe
+    # (plateau.py) both inits sit there ~750 steps; N(0, 1) leaves at ~800 and is at mel ~3.1 by
+    # step 1,200, N(0, 0.02) still at ~4.9.
     with torch.no_grad():
         for quantizer in model.quantizer.quantizers:
             quantizer.codebook.weight.normal_(0.0, train.codebook_init_std)
@@ -236,7 +237,9 @@ class CodecTrainer:
         loss = cfg.w_mel * mel + cfg.w_wave * wave
         if not cfg.freeze_codes:
             loss = loss + cfg.w_commit * commit + cfg.w_codebook * codebook
-        out = {"mel": mel, "wave": wave, "commit": commit, "codebook": codebook}
+        # the encoder's output RMS: latents crushed towards the codes show here first (plateau.py)
+        out = {"mel": mel, "wave": wave, "commit": commit, "codebook": codebook,
+               "latent_rms": z.detach().float().pow(2).mean().sqrt()}
         if cfg.adversarial and self.step >= cfg.disc_start_step:
             with self._autocast(disc=True):
                 real = self.disc_forward(x)
