@@ -30,10 +30,10 @@ def plot_codec(history: list[dict], out: Path, title: str = "codec") -> Path:
     for key in ("mel", "heldout_mel"):
         axes[0].plot(*_series(history, key), label=key, marker="o" if key.startswith("heldout") else None)
     axes[0].set_title("multi-scale mel L1 (sum of scales)")
-    for key in ("wave", "commit", "codebook"):
+    for key in ("wave", "commit", "codebook", "latent_rms"):
         axes[1].plot(*_series(history, key), label=key)
     axes[1].set_yscale("log")
-    axes[1].set_title("waveform L1, VQ terms")
+    axes[1].set_title("waveform L1, VQ terms, encoder output RMS")
     for key in ("d", "adv", "feat"):
         axes[2].plot(*_series(history, key), label=key)
     axes[2].set_title("adversarial")
