@@ -174,19 +174,30 @@ def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[
     return parts
 
 
+def _sums(src: Path, name: str) -> tuple[str, list[tuple[str, str]]]:
+    """``src/name.sha256``: the packed tar's hash, and (hash, file name) of each part in order."""
+    lines = [line.split() for line in (Path(src) / f"{name}.sha256").read_text().splitlines() if line.strip()]
+    return lines[0][0], [(digest, part) for digest, part in lines[1:]]
+
+
+def pack_files(src: Path, name: str) -> list[Path]:
+    """The files of pack ``name`` in ``src``: its hash file, then the parts it names."""
+    src = Path(src)
+    return [src / f"{name}.sha256", *(src / part for _, part in _sums(src, name)[1])]
+
+
 def joined(src: Path, name: str) -> bytes:
     """The packed tar of ``src/name.tar.partNN``, checked part by part and whole against
     ``src/name.sha256``."""
     src = Path(src)
-    sums = (src / f"{name}.sha256").read_text().split("\n")
-    whole, *parts = [line.split() for line in sums if line.strip()]
+    whole, parts = _sums(src, name)
     data = b""
     for digest, part_name in parts:
         chunk = (src / part_name).read_bytes()
         if hashlib.sha256(chunk).hexdigest() != digest:
             raise CheckpointError(f"{src / part_name}: damaged (sha256 differs)")
         data += chunk
-    if hashlib.sha256(data).hexdigest() != whole[0]:
+    if hashlib.sha256(data).hexdigest() != whole:
         raise CheckpointError(f"{src}/{name}: the joined parts are not the packed tar")
     return data
 

@@ -42,14 +42,12 @@ def _text(repo: Path, *args: str, env: dict | None = None) -> str:
 
 
 def _pack_files(root: Path, name: str) -> list[Path]:
-    """The hash file and the parts it names, checked whole (or nothing is kept)."""
+    """The pack's files, checked whole (or nothing is kept)."""
     folder = root / name
-    sums = folder / f"{name}.sha256"
-    if not sums.is_file():
+    if not (folder / f"{name}.sha256").is_file():
         raise KeepError(f"{folder}: no {name}.sha256 (collect a device call's files first)")
     checkpoint.joined(folder, name)
-    parts = [line.split()[1] for line in sums.read_text().splitlines()[1:] if line.strip()]
-    return [sums, *(folder / part for part in parts)]
+    return checkpoint.pack_files(folder, name)
 
 
 def keep(names: list[str], root: Path = Path(".voice"), repo: Path = Path("."), note: str = "") -> str:

@@ -327,7 +327,7 @@ def collect(files: Path, root: Path = Path(".voice")) -> list[str]:
         carry = root / name
         shutil.rmtree(carry, ignore_errors=True)
         carry.mkdir(parents=True)
-        for f in [files / f"{name}.sha256", *sorted(files.glob(f"{name}.tar.part*"))]:
+        for f in checkpoint.pack_files(files, name):
             _copy(f, carry / f.name)
         unpacked = root / "unpacked" / name
         shutil.rmtree(unpacked, ignore_errors=True)
