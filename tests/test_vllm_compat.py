@@ -112,6 +112,37 @@ def test_a_kv_budget_in_bytes_asks_vllm_for_that_share_of_the_gpu(monkeypatch):
     assert EngineConfig(gpu_memory_utilization=0.5, kv_cache_bytes=1 << 20)._memory_fraction(on_gpu=True) == 0.5
 
 
+def test_a_gpu_shared_with_another_process_gets_the_share_the_environment_gives(monkeypatch, tmp_path):
+    """SPEECHCTL_GPU_MEMORY caps what every engine asks vLLM for (the speech LM's and Whisper's), so
+    that speechctl starts on a GPU another process uses; a bad value is a one-line error naming it."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    from speechctl.asr.whisper import WhisperConfig
+    from speechctl.engine.engine import EngineConfig
+    from speechctl.errors import InputError
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=64 << 30))
+    config = {"max_source_positions": 1500, "max_target_positions": 448, "decoder_layers": 4, "d_model": 384,
+              "decoder_attention_heads": 6}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert "gpu_memory_utilization" not in WhisperConfig().engine_args(tmp_path, on_gpu=True)
+    monkeypatch.setenv("SPEECHCTL_GPU_MEMORY", "0.5")
+    assert EngineConfig()._memory_fraction(on_gpu=True) == 0.5
+    assert EngineConfig(kv_cache_bytes=48 << 30)._memory_fraction(on_gpu=True) == 0.5
+    assert EngineConfig(kv_cache_bytes=16 << 30)._memory_fraction(on_gpu=True) == 0.25
+    assert EngineConfig(gpu_memory_utilization=0.7)._memory_fraction(on_gpu=True) == 0.7  # what the caller asked
+    assert EngineConfig()._memory_fraction(on_gpu=False) == 0.3  # the CPU sizes its cache in bytes
+    assert WhisperConfig().engine_args(tmp_path, on_gpu=True)["gpu_memory_utilization"] == 0.5
+    assert "gpu_memory_utilization" not in WhisperConfig().engine_args(tmp_path, on_gpu=False)
+    for bad in ("half", "0", "1.5"):
+        monkeypatch.setenv("SPEECHCTL_GPU_MEMORY", bad)
+        with pytest.raises(InputError, match=f"SPEECHCTL_GPU_MEMORY='{bad}'"):
+            EngineConfig()._memory_fraction(on_gpu=True)
+
+
 @pytest.mark.engine
 def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
     """...and a shut-down engine is freed: even when its runner sits in a cycle that vLLM froze

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speechctl.accelerator import has_cuda
+from speechctl.accelerator import gpu_memory_share, has_cuda
 from speechctl.asr.segments import MAX_SECONDS, RATE, join_text, plan_windows
 from speechctl.asr.vocab import TIME_PRECISION
 from speechctl.errors import SpeechctlError
@@ -99,8 +99,9 @@ class WhisperConfig:
             # one step must be able to take max_group of them.
             max_num_batched_tokens=self.max_num_batched_tokens or (max(16384, group_tokens) if on_gpu else group_tokens),
         )
-        if self.gpu_memory_utilization is not None:
-            args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        share = self.gpu_memory_utilization or (gpu_memory_share() if on_gpu else None)
+        if share is not None:  # else vLLM's default
+            args["gpu_memory_utilization"] = share
         return args
 
 

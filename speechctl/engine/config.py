@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from speechctl.accelerator import has_cuda
+from speechctl.accelerator import gpu_memory_share, has_cuda
 from speechctl.errors import EngineError
 
 DEFAULT_CONTEXT = 4096  # positions per request when a checkpoint takes more (KV memory per request)
@@ -94,11 +94,12 @@ class EngineConfig:
             return self.gpu_memory_utilization
         if not on_gpu:
             return 0.3
+        share = gpu_memory_share(0.85)
         if self.kv_cache_bytes is None:
-            return 0.85
+            return share
         # With the KV cache given in bytes vLLM sizes nothing by the fraction, but refuses to start
         # unless fraction x device memory is free: ask for the cache's share, so that engines with
         # a byte budget start beside other engines of the process.
         import torch
 
-        return min(0.85, max(0.01, self.kv_cache_bytes / torch.cuda.get_device_properties(0).total_memory))
+        return min(share, max(0.01, self.kv_cache_bytes / torch.cuda.get_device_properties(0).total_memory))
