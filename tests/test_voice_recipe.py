@@ -534,7 +534,7 @@ def test_codec_speed_runs_of_a_call_share_one_file(tmp_path):
 
 
 def test_schedule_warms_up_holds_and_anneals_by_the_clock():
-    from recipes.voice.schedule import RunSchedule
+    from recipes.voice.schedule import RunSchedule, last_rate_share
 
     now = [0.0]
     s = RunSchedule(100.0, first_step=0, warmup_steps=10, decay_share=0.3, floor=0.1, clock=lambda: now[0])
@@ -545,10 +545,30 @@ def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     assert 0.1 < s.factor(500) < 1.0
     now[0] = 100.0
     assert s.factor(500) == pytest.approx(0.1)
-    # A resumed run climbs from the floor the last one ended at (the optimizer's moments saw it)...
+    # A resumed run climbs from the rate the last one ended at (the optimizer's moments saw it):
+    # unknown, the floor...
     resumed = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, clock=lambda: 0.0)
     assert resumed.factor(500) == pytest.approx(0.1 + 0.9 * 0.1) and resumed.factor(509) == 1.0
     assert resumed.factor(505) == pytest.approx(0.1 + 0.9 * 0.6)
+    # ... as the checkpoint's log says: a run that ended at the peak (decay_share 0) goes on at it
+    ended = last_rate_share([{"step": 450, "lr": 0.3}, {"step": 500, "heldout_mel": 1.0}], peak=0.6)
+    assert ended == 0.5 and last_rate_share([{"step": 500}], peak=0.6) is None
+    half = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, ended_at=ended,
+                       clock=lambda: 0.0)
+    assert half.factor(500) == pytest.approx(0.5 + 0.5 * 0.1) and half.factor(509) == 1.0
+    # one that stopped inside its warm-up goes on with it, as if it had not stopped
+    straight = RunSchedule(1e9, first_step=0, warmup_steps=10, decay_share=0.0, floor=0.1, clock=lambda: 0.0)
+    stopped = RunSchedule(1e9, first_step=4, warmup_steps=10, decay_share=0.0, floor=0.1, ended_at=straight.factor(3),
+                          clock=lambda: 0.0)
+    assert [stopped.factor(i) for i in range(4, 12)] == [straight.factor(i) for i in range(4, 12)]
+    at_peak = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.0, floor=0.1, ended_at=1.0,
+                          clock=lambda: 0.0)
+    assert at_peak.factor(500) == 1.0
+    now[0] = 0.0
+    no_decay = RunSchedule(100.0, first_step=500, warmup_steps=10, decay_share=0.0, floor=0.1, ended_at=1.0,
+                           clock=lambda: now[0])
+    now[0] = 100.0
+    assert no_decay.factor(900) == 1.0  # ends at the peak, for the next call to go on from
     # ... and from nearly nothing where the moments were rebuilt
     rebuilt = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, rewarm_from=500,
                           clock=lambda: 0.0)
