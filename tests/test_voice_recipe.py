@@ -720,6 +720,32 @@ def lm_parts(tmp_path_factory):
     return trainer, model_dir
 
 
+def test_an_lm_log_line_is_the_mean_of_the_steps_its_window_had(tmp_path):
+    """As the codec's: a resumed run's first window is shorter than log_every, and its line is the
+    mean loss of the steps it had, not their sum over log_every."""
+    from recipes.voice.lm import LMTrainer
+
+    recipe = tiny_recipe()
+    recipe.lm_train = replace(recipe.lm_train, log_every=4, eval_every=10**6)
+    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
+    sha = fake_codes(tmp_path / "codes", K, C, ITEMS)
+    trainer = LMTrainer(recipe, tmp_path / "codes", tmp_path / "work", "cpu", sha, log=lambda line: None)
+    trainer.step = 2  # as if resumed at step 2: the first window holds steps 3 and 4
+    losses, forward = [], trainer.forward
+
+    def recorded(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        losses.append(float(out[0]))
+        return out
+
+    trainer.forward = recorded
+    trainer.evaluate = lambda: {}
+    trainer.train(1e12, max_steps=2)
+    (row,) = [h for h in trainer.history if "loss" in h]
+    assert row["step"] == 4 and len(losses) == 2
+    assert row["loss"] == pytest.approx(sum(losses) / 2, abs=1e-4)
+
+
 def test_lm_batch_is_what_the_engine_feeds(lm_parts):
     """Inputs and targets against speechctl's own prompt builder, tokenizer and DelayPattern."""
     from transformers import AutoTokenizer
