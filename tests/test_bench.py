@@ -157,3 +157,37 @@ def test_arnar_bench_sets_both_models_side_by_side():
         assert row["arnar_ar_step_ms_alone"] > 0 and row["arnar_handoff_ms_per_step"] >= 0
     (spread,) = result["spread"]
     assert spread["frames"] == [6, 8]
+
+
+@pytest.mark.parametrize("parts, kept", [(4, True), (1, False)])
+def test_compile_caches_travel_between_device_calls(tmp_path, parts, kept):
+    """benchmarks/compile_cache.sh: a call's compile caches saved as parts of < 16 MiB, at most
+    as many as asked (else none, and the size said), and unpacked where they were on load."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "compile_cache.sh"
+    caches = [tmp_path / "vllm" / "torch_compile_cache", tmp_path / "triton"]
+    (caches[0] / "abc" / "rank_0_0").mkdir(parents=True)
+    (caches[0] / "abc" / "rank_0_0" / "graph.py").write_text("kernel = 1\n")
+    caches[1].mkdir()
+    (caches[1] / "k.cubin").write_bytes(os.urandom(20 << 20))  # incompressible: two parts
+    env = {**os.environ, "COMPILE_CACHE_DIRS": f"{caches[0]} {caches[1]} {tmp_path / 'absent'}"}
+
+    def run(*args):
+        return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, check=True).stdout
+
+    said = run("save", str(tmp_path / "out"), str(parts))
+    saved = sorted(p.name for p in (tmp_path / "out").iterdir())
+    if not kept:
+        assert saved == [] and "2 parts > 1: not kept" in said
+        return
+    assert saved == ["compile-cache.tar.xz.part00", "compile-cache.tar.xz.part01"], said
+    assert all((tmp_path / "out" / name).stat().st_size <= 15 << 20 for name in saved)
+    cubin = (caches[1] / "k.cubin").read_bytes()
+    for cache in caches:
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+    assert "loaded" in run("load", str(tmp_path / "out"))
+    assert (caches[0] / "abc" / "rank_0_0" / "graph.py").read_text() == "kernel = 1\n"
+    assert (caches[1] / "k.cubin").read_bytes() == cubin
+    assert "none carried" in run("load", str(tmp_path / "empty"))
