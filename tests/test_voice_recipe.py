@@ -534,7 +534,7 @@ def test_codec_speed_runs_of_a_call_share_one_file(tmp_path):
 
 
 def test_schedule_warms_up_holds_and_anneals_by_the_clock():
-    from recipes.voice.schedule import RunSchedule, last_rate_share
+    from recipes.voice.schedule import RunSchedule, resumed_rate
 
     now = [0.0]
     s = RunSchedule(100.0, first_step=0, warmup_steps=10, decay_share=0.3, floor=0.1, clock=lambda: now[0])
@@ -551,8 +551,9 @@ def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     assert resumed.factor(500) == pytest.approx(0.1 + 0.9 * 0.1) and resumed.factor(509) == 1.0
     assert resumed.factor(505) == pytest.approx(0.1 + 0.9 * 0.6)
     # ... as the checkpoint's log says: a run that ended at the peak (decay_share 0) goes on at it
-    ended = last_rate_share([{"step": 450, "lr": 0.3}, {"step": 500, "heldout_mel": 1.0}], peak=0.6)
-    assert ended == 0.5 and last_rate_share([{"step": 500}], peak=0.6) is None
+    ended = resumed_rate(None, [{"step": 450, "lr": 0.3}, {"step": 500, "heldout_mel": 1.0}], peak=0.6)
+    assert ended == 0.5 and resumed_rate(None, [{"step": 500}], peak=0.6) is None
+    assert resumed_rate(0.25, [{"step": 450, "lr": 0.3}], peak=0.6) == 0.25  # what the trainer kept wins
     half = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, ended_at=ended,
                        clock=lambda: 0.0)
     assert half.factor(500) == pytest.approx(0.5 + 0.5 * 0.1) and half.factor(509) == 1.0

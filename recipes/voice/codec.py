@@ -22,7 +22,7 @@ from recipes.voice.config import CodecShape, CodecTrain, Recipe
 from recipes.voice.data import Split, load_split
 from recipes.voice.discriminators import Discriminators, discriminator_loss, generator_losses
 from recipes.voice.losses import MultiScaleMelLoss, waveform_l1
-from recipes.voice.schedule import RunSchedule, last_rate_share
+from recipes.voice.schedule import RunSchedule, resumed_rate
 
 
 def build_codec(shape: CodecShape, train: CodecTrain):
@@ -170,7 +170,7 @@ class CodecTrainer:
         started, first_step = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first_step, warmup_steps=cfg.warmup_steps,
                                decay_share=cfg.decay_share, floor=cfg.min_lr_share, max_steps=max_steps,
-                               ended_at=self.rate_share if self.rate_share is not None else last_rate_share(self.history, cfg.lr))
+                               ended_at=resumed_rate(self.rate_share, self.history, cfg.lr))
         sums: dict[str, torch.Tensor] = {}  # since the last log line; counts: steps that gave each
         counts: dict[str, int] = {}
         window_start = time.time()

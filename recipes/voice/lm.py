@@ -31,7 +31,7 @@ from torch import nn
 from recipes.voice.checkpoint import environment, load_state, read_record, save_state, write_record
 from recipes.voice.codes import CodeSplit, load_codes
 from recipes.voice.config import LMShape, Recipe, multistream_recipe
-from recipes.voice.schedule import RunSchedule, last_rate_share
+from recipes.voice.schedule import RunSchedule, resumed_rate
 from recipes.voice.text import bare, bare_variant
 
 
@@ -330,7 +330,7 @@ class LMTrainer:
         started, first = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first, warmup_steps=cfg.warmup_steps, decay_share=cfg.decay_share,
                                floor=cfg.min_lr / cfg.lr, max_steps=max_steps, rewarm_from=self.resumed_at,
-                               ended_at=self.rate_share if self.rate_share is not None else last_rate_share(self.history, cfg.lr))
+                               ended_at=resumed_rate(self.rate_share, self.history, cfg.lr))
         sums, steps, tokens, window = None, 0, 0, time.time()
         batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
         while (time.time() < deadline and (max_steps is None or self.step - first < max_steps)

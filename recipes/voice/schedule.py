@@ -55,9 +55,11 @@ class RunSchedule:
         return scale
 
 
-def last_rate_share(history: list[dict], peak: float) -> float | None:
-    """The share of the peak rate at a checkpoint's last logged step: ``ended_at`` for a run that
-    resumes a checkpoint saved before trainers kept their final factor; None where nothing was
-    logged."""
+def resumed_rate(kept: float | None, history: list[dict], peak: float) -> float | None:
+    """``ended_at`` for a run that resumes a checkpoint: the factor its trainer kept (``kept``), or
+    for a checkpoint saved before trainers kept it, the last logged rate over the peak; None where
+    neither is known."""
+    if kept is not None:
+        return kept
     rate = next((row["lr"] for row in reversed(history) if "lr" in row), None)
     return None if rate is None else rate / peak
