@@ -551,9 +551,8 @@ def test_schedule_warms_up_holds_and_anneals_by_the_clock():
     assert resumed.factor(500) == pytest.approx(0.1 + 0.9 * 0.1) and resumed.factor(509) == 1.0
     assert resumed.factor(505) == pytest.approx(0.1 + 0.9 * 0.6)
     # ... as the checkpoint's log says: a run that ended at the peak (decay_share 0) goes on at it
-    ended = resumed_rate(None, [{"step": 450, "lr": 0.3}, {"step": 500, "heldout_mel": 1.0}], peak=0.6)
-    assert ended == 0.5 and resumed_rate(None, [{"step": 500}], peak=0.6) is None
-    assert resumed_rate(0.25, [{"step": 450, "lr": 0.3}], peak=0.6) == 0.25  # what the trainer kept wins
+    ended = resumed_rate([{"step": 450, "lr": 0.3}, {"step": 500, "heldout_mel": 1.0}], peak=0.6)
+    assert ended == 0.5 and resumed_rate([{"step": 500}], peak=0.6) is None
     half = RunSchedule(1e9, first_step=500, warmup_steps=10, decay_share=0.3, floor=0.1, ended_at=ended,
                        clock=lambda: 0.0)
     assert half.factor(500) == pytest.approx(0.5 + 0.5 * 0.1) and half.factor(509) == 1.0

@@ -117,7 +117,6 @@ class CodecTrainer:
         K, C = self.shape.n_codebooks, self.shape.codebook_size
         self.usage = torch.zeros(K, C, device=self.device)
         self.step, self.history, self.runs = 0, [], []
-        self.rate_share: float | None = None  # the schedule's factor at the last step (schedule.py)
         self.encoder, self.decoder = self.model.encoder, self.model.decoder
         self.disc_forward = self.disc
         self.compiled = cfg.compile
@@ -139,13 +138,11 @@ class CodecTrainer:
             self.log(f"codec: WARNING: {path} was trained on other data ({record['data_sha256'][:16]})")
         meta = load_state(path, self.modules(), self.optimizers())
         self.step, self.history, self.runs = meta["step"], meta["history"], meta["runs"]
-        self.rate_share = meta.get("rate_share")
         self.usage.copy_(meta["usage"].to(self.device))
         self.log(f"codec: resumed at step {self.step} ({meta['resume']})")
 
     def save(self, path: Path) -> None:
-        meta = {"step": self.step, "history": self.history, "runs": self.runs, "usage": self.usage.cpu(),
-                "rate_share": self.rate_share}
+        meta = {"step": self.step, "history": self.history, "runs": self.runs, "usage": self.usage.cpu()}
         resume = save_state(path, self.modules(), self.optimizers(), meta)
         codec_params = sum(p.numel() for p in plain(self.model).parameters())  # as shipped
         write_record(path, {
@@ -170,13 +167,13 @@ class CodecTrainer:
         started, first_step = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first_step, warmup_steps=cfg.warmup_steps,
                                decay_share=cfg.decay_share, floor=cfg.min_lr_share, max_steps=max_steps,
-                               ended_at=resumed_rate(self.rate_share, self.history, cfg.lr))
+                               ended_at=resumed_rate(self.history, cfg.lr))
         sums: dict[str, torch.Tensor] = {}  # since the last log line; counts: steps that gave each
         counts: dict[str, int] = {}
         window_start = time.time()
         while (time.time() < deadline and (max_steps is None or self.step - first_step < max_steps)
                and not (watch is not None and watch.stop)):
-            scale = self.rate_share = schedule.factor(self.step)
+            scale = schedule.factor(self.step)
             for group in self.opt_g.param_groups:
                 group["lr"] = cfg.lr * scale
             for group in self.opt_d.param_groups:

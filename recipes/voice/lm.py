@@ -288,7 +288,6 @@ class LMTrainer:
         self.stream_weights = torch.tensor(cw, device=self.device)
         self.step, self.epoch, self.position, self.history, self.runs = 0, 0, 0, [], []
         self.resumed_at = None
-        self.rate_share: float | None = None  # the schedule's factor at the last step (schedule.py)
         self.forward = torch.compile(stream_loss) if self.cfg.compile else stream_loss
 
     def parameters_count(self) -> int:
@@ -303,14 +302,13 @@ class LMTrainer:
         meta = load_state(path, {"lm": self.model}, {"lm": self.opt})
         self.step, self.epoch, self.position = meta["step"], meta["epoch"], meta["position"]
         self.history, self.runs = meta["history"], meta["runs"]
-        self.rate_share = meta.get("rate_share")
         if meta["resume"] != "exact":
             self.resumed_at = self.step
         self.log(f"lm: resumed at step {self.step} ({meta['resume']})")
 
     def save(self, path: Path) -> None:
         meta = {"step": self.step, "epoch": self.epoch, "position": self.position, "history": self.history,
-                "runs": self.runs, "rate_share": self.rate_share}
+                "runs": self.runs}
         resume = save_state(path, {"lm": self.model}, {"lm": self.opt}, meta)
         write_record(path, {
             "stage": "lm", "step": self.step, "epoch": self.epoch, "resume": resume,
@@ -330,7 +328,7 @@ class LMTrainer:
         started, first = time.time(), self.step
         schedule = RunSchedule(deadline, first_step=first, warmup_steps=cfg.warmup_steps, decay_share=cfg.decay_share,
                                floor=cfg.min_lr / cfg.lr, max_steps=max_steps, rewarm_from=self.resumed_at,
-                               ended_at=resumed_rate(self.rate_share, self.history, cfg.lr))
+                               ended_at=resumed_rate(self.history, cfg.lr))
         sums, steps, tokens, window = None, 0, 0, time.time()
         batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
         while (time.time() < deadline and (max_steps is None or self.step - first < max_steps)
@@ -340,8 +338,7 @@ class LMTrainer:
                 batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
             ids, length = batches[self.position]
             batch = self.train_set.batch(torch.from_numpy(ids).to(self.device), length)
-            self.rate_share = schedule.factor(self.step)
-            lr = cfg.lr * self.rate_share
+            lr = cfg.lr * schedule.factor(self.step)
             for group in self.opt.param_groups:
                 group["lr"] = lr
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):

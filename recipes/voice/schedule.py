@@ -43,7 +43,7 @@ class RunSchedule:
         if self.first > 0:  # resumed: from the rate the last run ended at, back up, if it annealed
             # (below the warm-up's factor at its final step; one that stopped in its warm-up goes on)
             share = min(1.0, self.ended_at / min(1.0, self.first / max(1, self.warmup)))
-            if share < 1:
+            if share < 1 - 1e-9:  # (a logged rate over the peak is the factor up to rounding)
                 scale *= share + (1 - share) * min(1.0, (step - self.first + 1) / max(1, self.warmup))
         if self.rewarm_from is not None:  # optimizer moments rebuilt after a resume
             scale *= min(1.0, (step - self.rewarm_from + 1) / max(1, self.warmup // 2))
@@ -55,11 +55,8 @@ class RunSchedule:
         return scale
 
 
-def resumed_rate(kept: float | None, history: list[dict], peak: float) -> float | None:
-    """``ended_at`` for a run that resumes a checkpoint: the factor its trainer kept (``kept``), or
-    for a checkpoint saved before trainers kept it, the last logged rate over the peak; None where
-    neither is known."""
-    if kept is not None:
-        return kept
+def resumed_rate(history: list[dict], peak: float) -> float | None:
+    """``ended_at`` for a run that resumes a checkpoint: its last logged rate (the history travels in
+    every checkpoint) over the peak; None where nothing was logged."""
     rate = next((row["lr"] for row in reversed(history) if "lr" in row), None)
     return None if rate is None else rate / peak
