@@ -90,8 +90,6 @@ def measure(kind: str, shape: str, nar: str, concurrencies: list[int], frames: i
 
     with tempfile.TemporaryDirectory() as tmp:
         path, recipe = make_checkpoint(kind, shape, nar, Path(tmp))
-        if not recipe.weights:  # vLLM makes random weights (load_format "dummy"), the NAR stage too
-            _placeholder_weights(path)
         config = EngineConfig(max_num_seqs=max(concurrencies), max_model_len=frames + 128, dtype=recipe.dtype,
                               load_format="auto" if recipe.weights else "dummy")
         started = time.perf_counter()
@@ -116,14 +114,6 @@ def measure(kind: str, shape: str, nar: str, concurrencies: list[int], frames: i
         finally:
             speech.close()
         return result
-
-
-def _placeholder_weights(path: Path) -> None:
-    """An empty ``model.safetensors``: speechctl's weight rule wants a file to point vLLM at, and
-    with ``load_format="dummy"`` vLLM reads none."""
-    from safetensors.torch import save_file
-
-    save_file({}, str(path / "model.safetensors"))
 
 
 def _run(speech, sizes: list[int]) -> dict:

@@ -53,6 +53,8 @@ class SpeechEngine:
         from speechctl.engine.runtime.tracker import StreamTracker
 
         register()  # vLLM's plugin entry point does it too, where speechctl is installed
+        if self.config.load_format != "dummy":
+            self.checkpoint.weights  # a checkpoint without weights: its one-line error, not vLLM's
         overrides = self.checkpoint.hf_overrides
         args = EngineArgs(
             logits_processors=[StreamTracker],

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, NO_GUIDANCE, Guidance, Sampling
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import InputError, ModelError
-from speechctl.models.weights import WeightFiles, engine_view, select_weights
+from speechctl.models.weights import WeightFiles, engine_view, is_weight_file, select_weights
 
 DEFAULT_MAX_SECONDS = 20.0
 
@@ -230,9 +230,13 @@ class Checkpoint:
     @cached_property
     def engine_dir(self) -> Path:
         """The directory vLLM reads: the checkpoint itself, or a view of it without the weight
-        files that do not count (``models/weights.py``)."""
+        files that do not count (``models/weights.py``). A directory with no weight file at all
+        (a benchmark's shape, which vLLM fills with random weights: ``load_format="dummy"``) is
+        read as it is; an engine that loads weights asks for ``weights`` and names what is missing."""
         from speechctl.models.cache import cache_dir
 
+        if not any(is_weight_file(p.name) for p in self.path.iterdir() if p.is_file()):
+            return self.path
         return engine_view(self.path, self.weights, cache_dir() / "views")
 
     @cached_property

@@ -60,9 +60,10 @@ class ArNarEngine:
         ck, cfg = self.checkpoint, self.ar.config
         dtype = cfg.dtype if cfg.dtype != "auto" else (ck.dtype or "float32")
         try:
-            model = load_nar(ck.path, ck.config, [ck.path / name for name in ck.weights.chosen],
+            dummy = cfg.load_format == "dummy"
+            model = load_nar(ck.path, ck.config, [] if dummy else [ck.path / name for name in ck.weights.chosen],
                              device="cuda" if has_cuda() else "cpu", dtype=getattr(torch, dtype),
-                             dummy=cfg.load_format == "dummy")
+                             dummy=dummy)
         except BaseException:
             self.ar.shutdown()
             raise
