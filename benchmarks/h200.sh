@@ -48,8 +48,11 @@ for stage in "$@"; do
       python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
       # TESTS / TESTS_K: a subset (e.g. one half per GPU of a two-GPU machine)
       # a fixed --basetemp: the tests' checkpoints at the same paths in every call, so that vLLM's
-      # compile cache (keyed by the model's path among the rest) can be carried between calls
-      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs --basetemp="/tmp/speechctl-tests/$stage" ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
+      # compile cache (keyed by the model's path among the rest) can be carried between calls;
+      # pytest makes the base directory but not its parent (every test errored in setup without it)
+      TESTS_ROOT=${TESTS_ROOT:-/tmp/speechctl-tests}
+      mkdir -p "$TESTS_ROOT"
+      timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfEs --basetemp="$TESTS_ROOT/$stage" ${TESTS:-tests/test_step_graphs.py tests/test_vllm_compat.py \
         tests/test_parity.py tests/test_cfg.py tests/test_engine_lifecycle.py tests/test_higgs_audio_v2.py tests/test_csm.py tests/test_streaming.py} \
         ${TESTS_K:+-k "$TESTS_K"} > "$OUT/pytest-gpu.log" 2>&1
       tail -5 "$OUT/pytest-gpu.log"

@@ -220,3 +220,23 @@ def test_a_shape_without_weights_runs_on_random_ones(tmp_path, kind):
         speech.close()
     with pytest.raises(ModelError, match="no weights"):
         Speech(path, engine_config=EngineConfig(max_num_seqs=2, max_model_len=256))
+
+
+def test_the_device_test_stage_runs_tests_on_a_fresh_machine(tmp_path):
+    """benchmarks/h200.sh's test stages, as a fresh device machine runs them: the fixed base
+    directory's parent does not exist yet (the sixteenth session's change made every test of a
+    call error in setup), and each outcome reaches the progress log."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "test_probe.py").write_text("def test_writes(tmp_path):\n    (tmp_path / 'x').write_text('x')\n")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "TESTS": str(tmp_path / "test_probe.py"),
+           "TESTS_ROOT": str(tmp_path / "fresh" / "speechctl-tests"), "TESTS_TIMEOUT": "120",
+           "SPEECHCTL_CACHE": str(tmp_path / "cache"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "benchmarks/h200.sh", "tests-engine"], cwd=root, env=env, capture_output=True, text=True)
+    log = (tmp_path / "out" / "pytest-gpu.log").read_text()
+    assert "1 passed" in log, log + proc.stderr
+    assert (tmp_path / "fresh" / "speechctl-tests" / "tests-engine").is_dir()
