@@ -1,5 +1,5 @@
 """A real-size checkpoint of a published family with random weights, codec included, for the
-end-to-end benches (`speechctl bench --workload --model DIR`): the LM as a config only (vLLM's
+end-to-end benches (`speechctl bench --workload --model DIR --random-weights`): the LM as a config only (vLLM's
 ``load_format="dummy"`` makes its weights), the codec at its published shape with random
 weights (speed does not depend on their values).
 

@@ -65,14 +65,14 @@ for stage in "$@"; do
       timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --shape llama-1b --requests "${WL_REQUESTS:-128}" \
         --out "$OUT/workload-llama-1b.json" --plot "$OUT/workload-llama-1b.png" 2> "$OUT/workload-llama.log" | tail -3
       python3 benchmarks/family_checkpoint.py higgs_audio_v2 /tmp/higgs-3b > /dev/null 2>&1
-      timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --model /tmp/higgs-3b --requests "${WL_REQUESTS:-128}" \
+      timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --model /tmp/higgs-3b --random-weights --requests "${WL_REQUESTS:-128}" \
         --out "$OUT/workload-higgs-3b.json" --plot "$OUT/workload-higgs-3b.png" 2> "$OUT/workload-higgs.log" | tail -3
       grep -E "^saturation|^load" "$OUT"/workload-*.log
       ;;
     stream-real)  # time to first audio with the family's real codec: Higgs 3B (its 24 kHz tokenizer), CSM 1B (Mimi)
       for family in higgs_audio_v2 csm; do
         python3 benchmarks/family_checkpoint.py $family /tmp/$family-full > /dev/null 2>&1
-        timeout "${STREAM_TIMEOUT:-250}" python3 -m speechctl.cli bench --stream --no-turn --model /tmp/$family-full --concurrency "${STREAM_CONC:-1,16,64}" \
+        timeout "${STREAM_TIMEOUT:-250}" python3 -m speechctl.cli bench --stream --no-turn --model /tmp/$family-full --random-weights --concurrency "${STREAM_CONC:-1,16,64}" \
           --frames 128 --repeats 3 --out "$OUT/stream-$family.json" --plot "$OUT/stream-$family.png" 2> "$OUT/stream-$family.log" | tail -20
       done
       ;;

@@ -240,3 +240,31 @@ def test_the_device_test_stage_runs_tests_on_a_fresh_machine(tmp_path):
     log = (tmp_path / "out" / "pytest-gpu.log").read_text()
     assert "1 passed" in log, log + proc.stderr
     assert (tmp_path / "fresh" / "speechctl-tests" / "tests-engine").is_dir()
+
+
+def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
+    """`bench --stream --model DIR --random-weights`: a real-size CSM made for benches holds Mimi's
+    weights alone in model.safetensors (benchmarks/family_checkpoint.py), so vLLM must draw the
+    LM's at random whatever files are there; the codec still comes from the checkpoint. (Without
+    the flag the rehearsal of the H200's stream-real stopped at vLLM's "weights were not
+    initialized from checkpoint".)"""
+    import json
+
+    from click.testing import CliRunner
+    from safetensors.torch import load_file, save_file
+
+    from speechctl.cli import cli
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
+
+    path = create_csm_checkpoint(tmp_path / "csm", CsmRecipe(seed=2))
+    tensors = load_file(str(path / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k.startswith("codec_model.")}, str(path / "model.safetensors"))
+    out = tmp_path / "stream.json"
+    result = CliRunner().invoke(cli, ["bench", "--stream", "--no-turn", "--model", str(path), "--random-weights",
+                                      "--concurrency", "1", "--frames", "4", "--repeats", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    saved = json.loads(out.read_text())
+    assert saved["model"]["family"] == "csm" and saved["tts"][0]["concurrency"] == 1
+    assert "--random-weights" in saved["command"]
+    refused = CliRunner().invoke(cli, ["bench", "--stream", "--random-weights"])
+    assert refused.exit_code != 0 and "--random-weights goes with --model" in refused.output

@@ -22,6 +22,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--rates", default="0.3,0.5,0.7,0.9,1.2", show_default=True, help="--workload: offered loads, as fractions of the saturated rate.")
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
 @click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
+@click.option("--random-weights", is_flag=True, help="--workload, --stream with --model: vLLM draws the model's weights at random (speed does not depend on their values), whatever the checkpoint holds; its codec is read from it. A checkpoint without weight files runs so anyway.")
 @click.option("--no-turn", is_flag=True, help="--stream: TTS only, skip the chat turn (Whisper + response LM).")
 @click.option("--asr-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's Whisper (default whisper-tiny.en).")
 @click.option("--lm-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's response LM (default tiny-lm).")
@@ -40,7 +41,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, requests, model, random_weights, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
     plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
@@ -58,6 +59,8 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, 
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else None
     if cfg + stream + workload + arnar > 1:
         raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")
+    if random_weights and not model:
+        raise InputError("--random-weights goes with --model (a --shape has random weights already)")
     if arnar:
         if overrides:
             raise InputError("--arnar: one device per model (no --tensor-parallel-size)")
@@ -75,7 +78,7 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, 
     if workload:
         from speechctl.bench.workload import plot_workload, run_workload_bench
 
-        speech = _workload_speech(model, shape, overrides)
+        speech = _workload_speech(model, shape, overrides, random_weights)
         try:
             result = run_workload_bench(speech, [float(x) for x in rates.split(",")], requests,
                                         log=lambda line: click.echo(line, err=True))
@@ -104,7 +107,7 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, 
     if stream:
         from speechctl.bench.stream import run_stream_bench
 
-        speech = _workload_speech(model, shape, overrides) if model else None
+        speech = _workload_speech(model, shape, overrides, random_weights) if model else None
         try:
             result = run_stream_bench(
                 shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
@@ -127,9 +130,11 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, no_turn, 
     click.echo(json.dumps(result["results"], indent=2))
 
 
-def _workload_speech(model, shape, overrides):
-    """A ``Speech`` for the workload bench: ``model`` (vLLM's random weights where the checkpoint
-    has none), else a random-weight checkpoint of ``shape``."""
+def _workload_speech(model, shape, overrides, random_weights=False):
+    """A ``Speech`` for the workload and stream benches: ``model`` (vLLM's random weights with
+    ``random_weights`` or where the checkpoint has none), else a random-weight checkpoint of
+    ``shape``. (A real-size CSM made for benches holds its codec's weights alone, in the file
+    that would hold the LM's: only the caller knows the LM's are not there.)"""
     import tempfile
     from pathlib import Path
 
@@ -143,11 +148,13 @@ def _workload_speech(model, shape, overrides):
         from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
         model = create_multistream_checkpoint(Path(tempfile.mkdtemp()) / shape, SHAPES[shape])
-    try:
-        resolve_checkpoint(str(model)).weights
-        load_format = "auto"
-    except ModelError:  # a config-only checkpoint of a real size: speed does not depend on the values
-        load_format = "dummy"
+    load_format = "dummy"
+    if not random_weights:
+        try:
+            resolve_checkpoint(str(model)).weights
+            load_format = "auto"
+        except ModelError:  # a config-only checkpoint of a real size: speed does not depend on the values
+            pass
     return Speech(model, engine_config=EngineConfig(max_num_seqs=128, load_format=load_format, **(overrides or {})))
 
 
