@@ -5,7 +5,7 @@
 # what it finds is a command that would stop at its first line on the GPU (the seventeenth
 # session's throughput call ended at "no weights" after the machine had been staged for it).
 #
-#   bash benchmarks/rehearse.sh [ITEM...]     items: throughput cfg families guided workload stream-real arnar
+#   bash benchmarks/rehearse.sh [ITEM...]     items: throughput cfg families guided workload stream-real asr arnar
 #                                             (default: all; ~20 minutes on two cores, ~10 GB of memory)
 # One line per item: ok / FAILED with the seconds and the log's path ($REHEARSE_OUT, default
 # /tmp/speechctl-rehearsal). Exit status: the number of items that failed.
@@ -28,7 +28,7 @@ run() {  # run NAME COMMAND...: the command's output in $R/NAME.log
   fi
 }
 
-for item in ${@:-throughput cfg families guided workload stream-real arnar}; do
+for item in ${@:-throughput cfg families guided workload stream-real asr arnar}; do
   case "$item" in
     throughput)  # h200.sh throughput: the higgs-3b shape beside plain vLLM
       run throughput "$PY" -m speechctl.cli bench --shape higgs-3b "${SMALL[@]}" --no-eager --codec-requests 0 --plain-runs 1 \
@@ -55,9 +55,12 @@ for item in ${@:-throughput cfg families guided workload stream-real arnar}; do
         run "stream-real-$family" "$PY" -m speechctl.cli bench --stream --no-turn --model "$R/$family-full" --random-weights \
           "${SMALL[@]}" --out "$R/stream-$family.json"
       done ;;
+    asr)  # docs/asr.md's H200 speed table: speechctl beside transformers and CTranslate2, greedy and beam 5
+      run asr "$PY" benchmarks/asr_speed.py --model whisper-tiny.en --batch 1,2 --files 2 --modes greedy,beam5 \
+        --systems speechctl,transformers,ctranslate2 --dtype auto --max-tokens 32 --out "$R/asr-speed.json" ;;
     arnar)  # arnar_h200.sh bench
       run arnar "$PY" -m speechctl.cli bench --arnar --shape llama-1b "${SMALL[@]}" --out "$R/arnar.json" ;;
-    *) echo "unknown item $item (throughput cfg families guided workload stream-real arnar)" >&2; exit 2 ;;
+    *) echo "unknown item $item (throughput cfg families guided workload stream-real asr arnar)" >&2; exit 2 ;;
   esac
 done
 exit $failed
