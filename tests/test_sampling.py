@@ -191,7 +191,7 @@ def test_the_general_path_draws_what_the_specialized_paths_draw():
     """On CUDA the audio codebooks always take the general path (one graph whatever the live
     requests' settings): it must give every row the token the path specialized for the batch's
     settings gives — greedy rows, unfiltered rows, top-k and top-p rows alike."""
-    from speechctl.engine.runtime.slots import GENERAL_SAMPLING
+    from speechctl.engine.runtime.settings import GENERAL_SAMPLING
 
     gen = torch.Generator().manual_seed(4)
     R, K, V = 64, 4, 67

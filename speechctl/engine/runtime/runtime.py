@@ -26,7 +26,8 @@ from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.repetition import redraw_repeats
 from speechctl.engine.runtime.rules import FrameRules
 from speechctl.engine.runtime.sampling import frame_sampler, sample_streams
-from speechctl.engine.runtime.slots import Admitted, LiveSettings, Moved, SlotTable
+from speechctl.engine.runtime.settings import LiveSettings
+from speechctl.engine.runtime.slots import Admitted, Moved, SlotTable
 from speechctl.engine.streams import StreamSpec
 
 

@@ -14,14 +14,14 @@ step.
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from speechctl.engine.params import Sampling, StreamParams
+from speechctl.engine.params import StreamParams
 from speechctl.engine.runtime.readback import Readback
+from speechctl.engine.runtime.settings import LiveSettings, SamplingColumns, general_audio_sampling
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
@@ -49,87 +49,6 @@ class Moved:
     src: int
     dst: int
     swap: bool
-
-
-class SamplingColumns:
-    """One stream group's sampling settings (audio, text, or a depth decoder's codebooks) for
-    every slot: temperature 0 = greedy, top-k 0 and top-p 1 = off."""
-
-    def __init__(self, n: int, device: torch.device, temperature: float):
-        self.temperature = torch.full((n,), temperature, dtype=torch.float32, device=device)
-        self.top_k = torch.zeros(n, dtype=torch.int64, device=device)
-        self.top_p = torch.ones(n, dtype=torch.float32, device=device)
-
-    def at(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[R] slots -> the rows' (temperature, top_k, top_p)."""
-        return self.temperature[slots], self.top_k[slots], self.top_p[slots]
-
-    def columns(self, samplings: list[Sampling]) -> list[tuple[torch.Tensor, list]]:
-        return [(self.temperature, [s.temperature for s in samplings]), (self.top_k, [s.top_k for s in samplings]),
-                (self.top_p, [s.top_p for s in samplings])]
-
-
-# Sampling flags under which ``sample_streams`` handles every row's settings (greedy or not, any
-# top-k, any top-p): the same tokens as the specialized paths (noise is keyed by token id).
-GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
-
-
-def general_audio_sampling(device: torch.device) -> bool:
-    """Whether the audio codebooks always take the general sampling path (``LiveSettings``): on
-    CUDA, where every specialized path would be one more graph per batch size."""
-    return device.type == "cuda"
-
-
-class LiveSettings:
-    """Host-side counts over the live requests' settings. They let the per-step work skip what no
-    row needs (``sampling_flags``) and they key its graphs (``graph_key``); updated on admission
-    and release only.
-
-    With ``general_audio`` (on CUDA) the audio codebooks always take the general path: one
-    compiled function and one graph per batch size whatever the requests' sampling, so a workload
-    of varied settings records nothing after start-up (a full sort of one codebook's ~1k tokens
-    per row costs little beside the forward). A depth decoder's codebooks (CSM: 31 sampled one
-    after another) keep the specialized paths."""
-
-    def __init__(self, general_audio: bool = False):
-        self.general_audio = general_audio
-        self.live = 0
-        self.random = {False: 0, True: 0}  # rows sampling at temperature > 0: audio, depth
-        self.top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}  # of rows that filter
-        self.top_ps = {False: 0, True: 0}  # rows with top_p < 1
-        self.paired = 0  # members of CFG pairs
-        self.repetition = 0  # rows with repetition-aware sampling
-        self.cfg_filter = 0  # pair members using Dia's CFG top-k filter
-        self.text_random = 0  # pair members sampling text at temperature > 0
-
-    def count(self, params: StreamParams, sign: int) -> None:
-        self.live += sign
-        for deep, sampling in ((False, params.audio), (True, params.depth or params.audio)):
-            self.random[deep] += sign * (sampling.temperature > 0)
-            if sampling.filters:
-                self.top_ks[deep][sampling.top_k] += sign
-            self.top_ps[deep] += sign * (sampling.top_p < 1)
-        self.repetition += sign * (params.repetition is not None)
-        if params.partner is not None:
-            self.paired += sign
-            self.cfg_filter += sign * (params.guidance.top_k > 0)
-            self.text_random += sign * (params.text.temperature > 0)
-
-    def sampling_flags(self, depth: bool = False) -> dict:
-        """For ``sample_streams``: whether some / every live row samples at temperature > 0,
-        whether some filters, the largest top-k among those (0 if one filters by top-p alone:
-        then candidates need a full sort), whether some filters by top-p."""
-        if self.general_audio and not depth:
-            return dict(GENERAL_SAMPLING)
-        random = self.random[depth]
-        ks = [k for k, n in self.top_ks[depth].items() if n > 0]
-        return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
-                "max_top_k": 0 if not ks or 0 in ks else max(ks), "any_top_p": self.top_ps[depth] > 0}
-
-    def graph_key(self) -> tuple:
-        """Every host-side fact that changes which kernels the per-step work runs."""
-        return (*self.sampling_flags().values(), self.paired > 0, self.cfg_filter > 0, self.text_random > 0,
-                self.repetition > 0, *self.sampling_flags(depth=True).values())
 
 
 class SlotTable:
