@@ -225,7 +225,7 @@ def test_a_shape_without_weights_runs_on_random_ones(tmp_path, kind):
 def test_the_device_test_stage_runs_tests_on_a_fresh_machine(tmp_path):
     """benchmarks/h200.sh's test stages, as a fresh device machine runs them: the fixed base
     directory's parent does not exist yet (the sixteenth session's change made every test of a
-    call error in setup), and each outcome reaches the progress log."""
+    call error in setup)."""
     import os
     import subprocess
     import sys

@@ -236,7 +236,7 @@ class Checkpoint:
         from speechctl.models.cache import cache_dir
 
         if not any(is_weight_file(p.name) for p in self.path.iterdir() if p.is_file()):
-            return self.path
+            return self.path.resolve()  # as engine_view gives a directory with nothing to hide
         return engine_view(self.path, self.weights, cache_dir() / "views")
 
     @cached_property
