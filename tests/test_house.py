@@ -13,10 +13,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "speechctl"
 
 # Job and result types, the engine's request types, the Family interface and every family's
-# prompt builder: a client that only builds or validates requests never pays for torch or vLLM.
+# prompt builder, and admission's checks of a request against an engine's limits: a client that
+# only builds or validates requests never pays for torch or vLLM.
 LIGHT_MODULES = [
     "speechctl.jobs",
     "speechctl.engine.requests",
+    "speechctl.engine.admission",
     "speechctl.models.family",
     "speechctl.models.families",
     "speechctl.models.prompting",

@@ -177,7 +177,7 @@ def test_audio_budget_shrinks_to_fit_max_model_len(engine):
     req = prompts.tts("y" * (limit - 40), max_frames=100)
     (out,) = engine.generate([req])
     assert out.error is None
-    assert engine.prompt_length(req) + len(out.token_ids) <= limit
+    assert engine.admission.prompt_length(req) + len(out.token_ids) <= limit
     (codes,) = prompts.audio_segments(out, starts_in_audio=True)
     assert 1 <= codes.shape[1] < 100
 

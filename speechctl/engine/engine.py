@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -19,12 +18,12 @@ import numpy as np
 
 from speechctl.accelerator import has_cuda
 from speechctl.engine import vllm_compat
+from speechctl.engine.admission import Admission
 from speechctl.engine.config import EngineConfig
 from speechctl.engine.feed import feed_steps
-from speechctl.engine.params import DEFAULT_AUDIO, GREEDY, Sampling, StreamParams
-from speechctl.engine.requests import StreamOutput, StreamRequest, encoder_decoder_prompt
+from speechctl.engine.params import DEFAULT_AUDIO, Sampling
+from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.runtime import compile_per_step_work, slot_capacity
-from speechctl.engine.runtime.slots import HISTORY
 from speechctl.errors import EngineError
 from speechctl.models import register
 from speechctl.models.families import open_checkpoint
@@ -45,8 +44,9 @@ class SpeechEngine:
         self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else open_checkpoint(checkpoint)
         self.model_dir = self.checkpoint.path
         self.spec = self.checkpoint.spec
-        encoder_decoder = self.checkpoint.family.encoder_positions(self.checkpoint.config) is not None
-        self.config = self.config.for_checkpoint(self.checkpoint.context_limit, self.checkpoint.dtype, encoder_decoder)
+        encoder_positions = self.checkpoint.family.encoder_positions(self.checkpoint.config)
+        self.config = self.config.for_checkpoint(self.checkpoint.context_limit, self.checkpoint.dtype,
+                                                 encoder_decoder=encoder_positions is not None)
         vllm_compat.apply_engine_environment(self.config.tensor_parallel_size, on_gpu=has_cuda())
         from vllm.engine.arg_utils import EngineArgs
 
@@ -68,6 +68,7 @@ class SpeechEngine:
         self.capacity = min(capacities)
         if self.capacity < slot_capacity(self.config.max_num_seqs):
             raise EngineError("stream runtime smaller than the engine's batch")
+        self.admission = Admission(self.spec, self.config.max_model_len, self._vllm.vllm_config, encoder_positions)
         self._ids = itertools.count()
         self._live: dict[str, StreamRequest] = {}  # vLLM request id -> request (both CFG members)
         self._partner: dict[str, str] = {}  # CFG pairs, both directions
@@ -111,69 +112,21 @@ class SpeechEngine:
         while self._queue and len(self._live) + 2 <= self.capacity:
             req = self._queue.popleft()
             try:
-                max_tokens, max_frames = self._fit(req)
+                members = self.admission.members(req, f"r{next(self._ids)}")
             except EngineError as e:
                 self._fail(req, str(e))
                 continue
-            cond = f"r{next(self._ids)}"
-            guided = req.guidance.enabled
-            # (vLLM request id, prompt, audio items, conditional?, partner id, encoder input)
-            members = [(cond, req.prompt_ids, req.audio_items, True, cond + "u" if guided else None, req.encoder_ids)]
-            if guided:  # the unconditional member: condition dropped, no audio items
-                members.append((cond + "u", req.uncond_prompt_ids, [], False, cond, req.uncond_encoder_ids))
-            decoder_streams = _decoder_streams(req)
-            seed = req.seed if req.seed is not None else secrets.randbits(63)
-            history = self._audio_history(req) if req.repetition else ()
             try:
-                for member, prompt_ids, items, conditional, partner, encoder_ids in members:
-                    params = StreamParams(
-                        key=member,
-                        seed=seed,
-                        audio=req.audio,
-                        starts_in_audio=req.starts_in_audio,
-                        allow_audio=req.allow_audio,
-                        max_frames=max_frames,
-                        min_frames=min(req.min_frames, max_frames),
-                        partner=partner,
-                        conditional=conditional,
-                        guidance=req.guidance,
-                        text=req.text,
-                        depth=req.depth,
-                        repetition=req.repetition,
-                        history=history if conditional else (),
-                        **decoder_streams,
-                    )
-                    sampling = self._sampling(req, params, max_tokens, stream=req.stream and conditional)
-                    self._vllm.add_request(member, _prompt(member, prompt_ids, items, encoder_ids), sampling)
-                    self._live[member] = req
-                    if partner is not None:
-                        self._partner[member] = partner
-                    if not conditional:
-                        self._unconditional.add(member)
-            except vllm_compat.REQUEST_ERRORS as e:  # vLLM rejects what _fit did not foresee
-                self._drop([m[0] for m in members])
+                for member in members:
+                    self._vllm.add_request(member.key, member.prompt, member.sampling(req))
+                    self._live[member.key] = req
+                    if member.partner is not None:
+                        self._partner[member.key] = member.partner
+                    if not member.conditional:
+                        self._unconditional.add(member.key)
+            except vllm_compat.REQUEST_ERRORS as e:  # vLLM rejects what admission did not foresee
+                self._drop([member.key for member in members])
                 self._fail(req, str(e).splitlines()[0])
-
-    @staticmethod
-    def _sampling(req: StreamRequest, params: StreamParams, max_tokens: int, stream: bool):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        # Paired requests take one-hot primary logits from the model (it samples each pair's
-        # token once), so vLLM's own text sampling only runs for unpaired requests. vLLM's seed
-        # only matters where it samples freely; the audio streams draw from ``params.seed``.
-        text = req.text if params.partner is None else GREEDY
-        return SamplingParams(
-            temperature=text.temperature,
-            top_k=text.top_k if text.top_k > 0 else -1,
-            top_p=text.top_p,
-            seed=params.seed if text.temperature > 0 else None,
-            max_tokens=max_tokens,
-            stop_token_ids=list(req.stop_token_ids),
-            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
-            detokenize=False,  # callers decode the ids they need; vLLM would detokenize every step
-            extra_args=params.to_extra_args(),
-        )
 
     def _drop(self, keys: list[str]) -> None:
         """Abort requests inside vLLM (if they got there) and free their slots."""
@@ -186,48 +139,6 @@ class SpeechEngine:
                 self._emitted.pop(k, None)
                 self._partner.pop(k, None)
                 self._unconditional.discard(k)
-
-    def prompt_length(self, req: StreamRequest) -> int:
-        """Positions of the prompt once each audio placeholder is expanded to its steps."""
-        steps = sum(self.spec.pattern.num_steps(np.shape(c)[1]) for c in req.audio_items)
-        return len(req.prompt_ids) - len(req.audio_items) + steps
-
-    def _fit(self, req: StreamRequest) -> tuple[int, int]:
-        """(max_tokens, max_frames) within max_model_len; a request must still be able to end
-        its audio properly, so frames shrink with the token budget."""
-        limit = self.config.max_model_len
-        prompt = self.prompt_length(req)
-        if prompt >= limit:
-            raise EngineError(f"prompt of {prompt} steps does not fit max_model_len {limit}")
-        if req.guidance.enabled:
-            if req.uncond_prompt_ids is None or len(req.uncond_prompt_ids) != prompt:
-                raise EngineError("a CFG request needs an unconditional prompt of the same length")
-            config = self._vllm.vllm_config
-            budget = config.scheduler_config.max_num_batched_tokens
-            if 2 * prompt > budget:  # a pair's prefill runs in one step
-                raise EngineError(f"CFG prompt of {prompt} steps: both members need {2 * prompt} > max_num_batched_tokens {budget}")
-            blocks, size = config.cache_config.num_gpu_blocks, config.cache_config.block_size
-            if blocks and 2 * -(-prompt // size) > blocks - 1:  # both prompts' KV at once
-                raise EngineError(f"CFG prompt of {prompt} steps: both members' KV exceeds the KV cache")
-            if req.encoder_ids is not None:  # both members' encoder inputs run in one step
-                encoder_budget = max(budget, self.checkpoint.family.encoder_positions(self.checkpoint.config) or 0)
-                if 2 * len(req.encoder_ids) > encoder_budget:
-                    raise EngineError(f"CFG condition of {len(req.encoder_ids)} tokens: both members need "
-                                      f"{2 * len(req.encoder_ids)} > the encoder's {encoder_budget} per step")
-        if req.repetition and not 0 <= req.repetition[0] <= HISTORY:
-            raise EngineError(f"repetition window {req.repetition[0]} is past the longest speechctl keeps ({HISTORY})")
-        excess = max(0, prompt + req.max_tokens - limit)
-        if excess and req.starts_in_audio and req.max_frames - excess < 1:
-            raise EngineError(f"prompt of {prompt} steps leaves no room for audio in max_model_len {limit}")
-        return req.max_tokens - excess, req.max_frames - excess
-
-    def _audio_history(self, req: StreamRequest) -> tuple[tuple[int, ...], ...]:
-        """The last steps of the prompt's audio, delay-interleaved as the model saw them: where a
-        repetition window starts."""
-        if not req.audio_items:
-            return ()
-        steps = np.concatenate([self.spec.pattern.build(np.asarray(c)) for c in req.audio_items], axis=1).T
-        return tuple(tuple(int(x) for x in row) for row in steps[-HISTORY:])
 
     def _fail(self, req: StreamRequest, error: str) -> None:
         empty = np.zeros((0, self.spec.num_codebooks), dtype=np.int32)
@@ -353,20 +264,3 @@ class SpeechEngine:
     def shutdown(self) -> None:
         vllm_compat.drop_engine(self, "_vllm")
 
-
-def _decoder_streams(req: StreamRequest) -> dict:
-    """An encoder-decoder request's decoder-prompt tokens and lead-in, as ``StreamParams``
-    fields (tuples: the params are frozen)."""
-    if req.prompt_steps is None:
-        return {}
-    lead_in = () if req.lead_in is None else tuple(map(tuple, np.asarray(req.lead_in).tolist()))
-    return {"prompt_steps": tuple(map(tuple, np.asarray(req.prompt_steps).tolist())), "lead_in": lead_in}
-
-
-def _prompt(key: str, prompt_ids: list[int], audio_items: list, encoder_ids=None) -> dict:
-    if encoder_ids is not None:
-        return encoder_decoder_prompt(key, encoder_ids, prompt_ids)
-    prompt = {"prompt_token_ids": list(prompt_ids)}
-    if audio_items:
-        prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in audio_items]}
-    return prompt

@@ -62,6 +62,9 @@ class Guidance:
 NO_GUIDANCE = Guidance()
 
 
+HISTORY = 32  # prompt audio steps kept per slot: the longest repetition window
+
+
 @dataclass(frozen=True)
 class StreamParams:
     """What the model needs to decode one request's auxiliary streams."""

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from speechctl.engine.params import StreamParams
+from speechctl.engine.params import HISTORY, StreamParams
 from speechctl.engine.runtime.readback import Readback
 from speechctl.engine.runtime.settings import LiveSettings, SamplingColumns, general_audio_sampling
 from speechctl.engine.streams import StreamSpec
 
 NEVER = 1 << 40  # "no such step yet" for step-valued state
-HISTORY = 32  # prompt audio steps kept per slot: the longest repetition window
 
 
 def slot_capacity(max_num_seqs: int) -> int:
