@@ -26,6 +26,9 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+# every line as it is printed: a stage that its timeout kills keeps what it had said (stdout to a
+# pipe is block-buffered, and a killed process's buffer is lost)
+export PYTHONUNBUFFERED=1
 # each test's outcome and each failure's traceback as it happens (tests/conftest.py): a run that
 # a call's time limit kills still says what failed and why
 export SPEECHCTL_TEST_LOG=${SPEECHCTL_TEST_LOG:-$OUT/tests-progress.log}

@@ -41,9 +41,10 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    from speechctl.bench.plain import plain_llm, plain_vocab
+    from speechctl.bench.plain import plain_llm, plain_vocab, write_plain_config
 
     vocab = plain_vocab(recipe)
+    write_plain_config(tmp, recipe)
     engine = plain_llm(recipe, tmp, max_seqs, 512, overrides).llm_engine
     # FINAL_ONLY as in LLM.generate (and speechctl): the default (cumulative) output kind would
     # build every request's output every step (the first H200 run measured that by mistake)

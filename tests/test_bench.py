@@ -268,3 +268,27 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
     assert "--random-weights" in saved["command"]
     refused = CliRunner().invoke(cli, ["bench", "--stream", "--random-weights"])
     assert refused.exit_code != 0 and "--random-weights goes with --model" in refused.output
+
+
+def _counting_writer(directory, recipe):
+    _counting_writer.calls.append(recipe)
+    (Path(directory) / "config.json").write_text("{}")
+
+
+_counting_writer.calls = []
+
+
+def test_bench_shapes_are_built_once_at_a_stable_path(tmp_path, monkeypatch):
+    """vLLM keys its compile cache by the model's path: a bench shape's checkpoint is built once
+    into speechctl's cache, and every later engine on it (the plain baseline's second process, a
+    later device call) finds the same path."""
+    from speechctl.bench.shapes import SHAPES, shape_checkpoint
+
+    monkeypatch.setenv("SPEECHCTL_CACHE", str(tmp_path))
+    _counting_writer.calls.clear()
+    first = shape_checkpoint("llama-1b", _counting_writer)
+    assert shape_checkpoint("llama-1b", _counting_writer) == first
+    assert _counting_writer.calls == [SHAPES["llama-1b"]]  # built once
+    assert first.is_relative_to(tmp_path) and (first / "config.json").exists()
+    other = shape_checkpoint("higgs-3b", _counting_writer)
+    assert other != first and len(_counting_writer.calls) == 2

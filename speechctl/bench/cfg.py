@@ -11,12 +11,11 @@ implementation, beside the ratio CFG(c) ÷ R(c), which the physical limit bounds
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from speechctl.bench.report import environment, plot_rates_and_ratio
-from speechctl.bench.shapes import SHAPES, describe
+from speechctl.bench.shapes import SHAPES, describe, shape_checkpoint
 from speechctl.engine.params import Guidance, Sampling
 from speechctl.errors import EngineError
 
@@ -95,8 +94,7 @@ class ShapeEngine:
         from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
         recipe = SHAPES[self.shape]
-        self._tmp = tempfile.TemporaryDirectory()
-        self.path = create_multistream_checkpoint(Path(self._tmp.name) / self.shape, recipe)
+        self.path = shape_checkpoint(self.shape, create_multistream_checkpoint)
         config = EngineConfig(
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.frames + 96,
@@ -113,7 +111,6 @@ class ShapeEngine:
 
     def __exit__(self, *exc) -> None:
         self.engine.shutdown()
-        self._tmp.cleanup()
 
     def workload(self, count: int, guidance: Guidance = Guidance()) -> list:
         return [

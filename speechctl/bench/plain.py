@@ -11,24 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from speechctl.bench.report import environment
-from speechctl.bench.shapes import SHAPES
+from speechctl.bench.shapes import SHAPES, shape_checkpoint
 
 
-def plain_llm(recipe, directory: str | Path, max_num_seqs: int, max_model_len: int, engine_overrides=None):
-    """vLLM's own ``LLM`` on a ``LlamaForCausalLM`` with the backbone of ``recipe`` (config
-    written to ``directory``, random weights), engine settings as speechctl's."""
+def plain_checkpoint(shape: str) -> Path:
+    """The ``LlamaForCausalLM`` config of a bench shape's backbone (random weights: vLLM makes
+    them), built once into speechctl's cache (``shapes.shape_checkpoint``)."""
+    return shape_checkpoint(shape, write_plain_config)
+
+
+def write_plain_config(directory: str | Path, recipe) -> None:
     from transformers import LlamaConfig
-    from vllm import LLM
-
-    from speechctl.engine import vllm_compat
-    from speechctl.engine.config import EngineConfig
-
-    vllm_compat.apply_engine_environment()  # in-process engine, V1 runner: as speechctl's
 
     LlamaConfig(
         vocab_size=plain_vocab(recipe),
@@ -39,6 +36,18 @@ def plain_llm(recipe, directory: str | Path, max_num_seqs: int, max_model_len: i
         intermediate_size=recipe.intermediate_size,
         max_position_embeddings=recipe.max_position_embeddings,
     ).save_pretrained(directory)
+
+
+def plain_llm(recipe, directory: str | Path, max_num_seqs: int, max_model_len: int, engine_overrides=None):
+    """vLLM's own ``LLM`` on the ``LlamaForCausalLM`` config in ``directory`` (``plain_checkpoint``),
+    random weights, engine settings as speechctl's."""
+    from vllm import LLM
+
+    from speechctl.engine import vllm_compat
+    from speechctl.engine.config import EngineConfig
+
+    vllm_compat.apply_engine_environment()  # in-process engine, V1 runner: as speechctl's
+
     config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=recipe.dtype,
                           load_format="dummy", **(engine_overrides or {}))
     args = config.engine_args(str(directory))
@@ -59,27 +68,26 @@ def run_plain(shape: str, concurrencies, tokens: int, prompt_len: int, repeats: 
     from vllm.inputs import TokensPrompt
 
     vocab = plain_vocab(recipe)
-    with tempfile.TemporaryDirectory() as tmp:
-        llm = plain_llm(recipe, tmp, max(concurrencies), prompt_len + tokens + 16, engine_overrides)
-        # The speechctl bench samples audio at temperature 0.9, top-k 50: the same sampler work here.
-        params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False)
+    llm = plain_llm(recipe, plain_checkpoint(shape), max(concurrencies), prompt_len + tokens + 16, engine_overrides)
+    # The speechctl bench samples audio at temperature 0.9, top-k 50: the same sampler work here.
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.9, top_k=50, detokenize=False)
 
-        def timed(count: int) -> float:
-            prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(prompt_len)]) for i in range(count)]
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
-            if any(len(o.outputs[0].token_ids) != tokens for o in outs):
-                raise RuntimeError("plain vLLM did not decode the fixed length")
-            return elapsed
+    def timed(count: int) -> float:
+        prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(prompt_len)]) for i in range(count)]
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        if any(len(o.outputs[0].token_ids) != tokens for o in outs):
+            raise RuntimeError("plain vLLM did not decode the fixed length")
+        return elapsed
 
-        rows = []
-        for count in concurrencies:
-            timed(count)  # warm-up at this batch size
-            times = [timed(count) for _ in range(repeats)]
-            rows.append({"concurrency": count, "tokens": tokens, "seconds": [round(t, 4) for t in times],
-                         "tokens_per_s": round(count * tokens / statistics.median(times), 1)})
-        return rows
+    rows = []
+    for count in concurrencies:
+        timed(count)  # warm-up at this batch size
+        times = [timed(count) for _ in range(repeats)]
+        rows.append({"concurrency": count, "tokens": tokens, "seconds": [round(t, 4) for t in times],
+                     "tokens_per_s": round(count * tokens / statistics.median(times), 1)})
+    return rows
 
 
 def main(argv=None) -> None:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+from speechctl.models.cache import cached_model
 from speechctl.models.generic.checkpoint import MultiStreamRecipe
 
 _BIG = dict(vocab_size=8208, num_codebooks=8, codebook_size=1024, dtype="bfloat16", weights=False)
@@ -33,3 +39,18 @@ def describe(name: str) -> dict:
         "codebook_size": r.codebook_size,
         "dtype": r.dtype,
     }
+
+
+def shape_checkpoint(name: str, writer: Callable[[Path, MultiStreamRecipe], object]) -> Path:
+    """The checkpoint of bench shape ``name`` that ``writer(directory, recipe)`` writes (speechctl's
+    model of the shape, or plain vLLM's of its backbone), built once into speechctl's cache.
+
+    At a stable path because vLLM keys its compile cache by the model's path among the rest: in
+    a temporary directory every engine on the shape compiled its backbone anew (each of the plain
+    baseline's processes, each call on a machine whose compile caches were carried). Keyed by the
+    recipe and the writer's module source, so that a changed shape or writer builds anew."""
+    recipe = SHAPES[name]
+    module = inspect.getmodule(writer)
+    identity = f"{recipe!r}\n{module.__name__}.{writer.__qualname__}\n{inspect.getsource(module)}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return cached_model(f"bench-{name}-{writer.__name__}-{key}", lambda directory: writer(directory, recipe))

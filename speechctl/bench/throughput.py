@@ -53,8 +53,14 @@ def run_throughput_bench(
     # whole processes on a lent GPU machine have run host-bound steps ~1.7x slower than others
     # (docs/benchmarks/throughput.md), so one slow baseline process would flatter the ratio.
     steps, prompt_len = _workload_shape(shape, frames)
-    bases = [_plain_run(shape, concurrencies, steps, prompt_len, repeats, engine_overrides) for _ in range(plain_runs)]
+    bases = []
+    for run in range(plain_runs):  # each logged as it ends: a run cut off by a time limit says how far it got
+        started = time.perf_counter()
+        bases.append(_plain_run(shape, concurrencies, steps, prompt_len, repeats, engine_overrides))
+        log(f"plain vLLM process {run + 1}/{plain_runs} ({time.perf_counter() - started:.0f} s with its start-up): "
+            + ", ".join(f"c={row['concurrency']} {row['tokens_per_s']} tokens/s" for row in bases[-1]["rows"]))
     with ShapeEngine(shape, max_num_seqs=max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
+        log(f"speechctl engine started in {bench.startup_s} s (compiling the per-step work: {bench.warm_up_s} s)")
         if (bench.engine.spec.pattern.num_steps(frames), len(bench.workload(1)[0].prompt_ids)) != (steps, prompt_len):
             raise EngineError("plain baseline and speechctl workloads differ")
         frame_rate = _frame_rate(bench.path)
