@@ -891,3 +891,45 @@ def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
     import soundfile as sf
 
     assert len(sf.read(out)[0]) == frames * recipe.codec.hop_length
+
+
+@needs_espeak
+def test_espeak_data_with_english_alone_speaks_the_corpus_as_the_full_data(tmp_path):
+    """The device calls carry espeak-ng's data with English's dictionary alone (the LM's first
+    call must fit the vLLM bundle beside it): the recipe's sentences come out byte for byte as
+    with the full data, so the training data and its hash stay."""
+    from recipes.voice import espeak_bundle
+
+    system = Path(subprocess.run(["espeak-ng", "--version"], capture_output=True, text=True).stdout.split("Data at:")[1].strip())
+    shutil.copytree(system, tmp_path / "espeak-ng-data")
+    removed = espeak_bundle.english_only(tmp_path / "espeak-ng-data")
+    assert removed > 2_000_000 and [p.name for p in (tmp_path / "espeak-ng-data").glob("*_dict")] == ["en_dict"]
+    corpus = text.make_corpus(replace(DataConfig(), hours=0.05))
+    espeak_bundle.same_speech(tmp_path, None, corpus.heldout[:10] + corpus.train[-10:])
+
+
+def test_the_espeak_bundle_is_rebuilt_with_english_alone_and_the_check_tells_speech_apart(tmp_path, monkeypatch):
+    from recipes.voice import espeak_bundle
+
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb is not installed")
+    tree = tmp_path / "tree"
+    data = tree / espeak_bundle.DATA_DIR
+    data.mkdir(parents=True)
+    for name in ("en_dict", "ru_dict", "cmn_dict", "phondata"):
+        (data / name).write_bytes(name.encode() * 100)
+    (tree / "DEBIAN").mkdir()
+    (tree / "DEBIAN" / "control").write_text("Package: espeak-ng-data\nVersion: 1.51\nArchitecture: amd64\n"
+                                             "Maintainer: test <t@example.org>\nDescription: test\n")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    package = bundle / "espeak-ng-data_1.51_amd64.deb"
+    subprocess.run(["dpkg-deb", "-b", str(tree), str(package)], check=True, capture_output=True)
+    espeak_bundle.trim(bundle)
+    listing = subprocess.run(["dpkg-deb", "-c", str(package)], capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1].rsplit("/", 1)[-1] for line in listing.splitlines()}
+    assert {"en_dict", "phondata"} <= names and not {"ru_dict", "cmn_dict"} & names
+    # the check compares bytes: speech that differs with the two data directories is named
+    monkeypatch.setattr(espeak_bundle, "_speak", lambda data, sentence: f"{data}:{sentence}".encode())
+    with pytest.raises(AssertionError, match="'Hello there.' differently"):
+        espeak_bundle.same_speech(tmp_path, None, ["Hello there."])

@@ -109,6 +109,9 @@ def main(argv=None) -> None:
     q.add_argument("--codec-steps", type=int, default=60)
     q.add_argument("--lm-steps", type=int, default=300)
 
+    q = sub.add_parser("trim-espeak", help="the carried espeak-ng bundle with English alone (espeak_bundle.py), checked")
+    q.add_argument("bundle", type=Path, nargs="?", default=Path(".gpu/espeak"))
+    q.add_argument("--sentences", type=int, default=300, help="of the corpus, spoken with both data directories")
     sub.add_parser("text-sources", help="rebuild text/devil.txt and text/words.txt from Debian's packages")
 
     args = p.parse_args(argv)
@@ -195,6 +198,19 @@ def main(argv=None) -> None:
         from recipes.voice.dryrun import dryrun
 
         dryrun(Path(args.work), args.codec_steps, args.lm_steps)
+    elif args.command == "trim-espeak":
+        from recipes.voice import espeak_bundle
+        from recipes.voice.config import DataConfig
+        from recipes.voice.text import make_corpus
+
+        before, after = espeak_bundle.trim(args.bundle)
+        corpus = make_corpus(DataConfig())
+        # spread over the corpus: its source sentences first, then the ones made up from the word list
+        every = max(1, (len(corpus.train) + len(corpus.heldout)) // args.sentences)
+        sentences = (corpus.heldout + corpus.train)[::every][: args.sentences]
+        espeak_bundle.check(args.bundle, sentences)
+        print(f"{args.bundle}: espeak-ng-data {before / 1e6:.2f} -> {after / 1e6:.2f} MB; "
+              f"{len(sentences)} sentences of the corpus spoken byte for byte as with the full data")
     elif args.command == "text-sources":
         from recipes.voice.text import build_sources
 
