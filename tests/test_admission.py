@@ -36,21 +36,22 @@ def test_frames_shrink_with_the_token_budget():
     assert admission(max_model_len=100).fit(req) == (30, 25)
 
 
-@pytest.mark.parametrize("req, message", [
-    (StreamRequest(prompt_ids=list(range(64)), max_tokens=1), "does not fit max_model_len 64"),
-    (StreamRequest(prompt_ids=list(range(60)), max_tokens=10, max_frames=5, starts_in_audio=True), "leaves no room for audio"),
-    (StreamRequest(prompt_ids=[1], max_tokens=5, repetition=(HISTORY + 1, 2)), "past the longest speechctl keeps"),
-    (StreamRequest(prompt_ids=[1, 2], max_tokens=5, guidance=GUIDED), "unconditional prompt of the same length"),
-    (StreamRequest(prompt_ids=[1, 2], max_tokens=5, guidance=GUIDED, uncond_prompt_ids=[1]), "same length"),
-    (StreamRequest(prompt_ids=list(range(20)), max_tokens=5, guidance=GUIDED, uncond_prompt_ids=list(range(20))),
+@pytest.mark.parametrize("req, limits, message", [
+    (StreamRequest(prompt_ids=list(range(64)), max_tokens=1), {}, "does not fit max_model_len 64"),
+    (StreamRequest(prompt_ids=list(range(60)), max_tokens=10, max_frames=5, starts_in_audio=True), {},
+     "leaves no room for audio"),
+    (StreamRequest(prompt_ids=[1], max_tokens=5, repetition=(HISTORY + 1, 2)), {}, "past the longest speechctl keeps"),
+    (StreamRequest(prompt_ids=[1, 2], max_tokens=5, guidance=GUIDED), {}, "unconditional prompt of the same length"),
+    (StreamRequest(prompt_ids=[1, 2], max_tokens=5, guidance=GUIDED, uncond_prompt_ids=[1]), {}, "same length"),
+    (StreamRequest(prompt_ids=list(range(20)), max_tokens=5, guidance=GUIDED, uncond_prompt_ids=list(range(20))), {},
      "both members need 40 > max_num_batched_tokens 32"),
+    # 16 positions are 4 blocks of 4 each: 8 for the pair > the 7 a request may hold of 8
     (StreamRequest(prompt_ids=list(range(16)), max_tokens=5, guidance=GUIDED, uncond_prompt_ids=list(range(16))),
-     "both members' KV exceeds the KV cache"),  # with 8 blocks: 2 x 4 blocks > 8 - 1
+     {"blocks": 8}, "both members' KV exceeds the KV cache"),
 ])
-def test_a_request_that_cannot_run_says_why(req, message):
-    limits = admission(blocks=8) if "KV" in message else admission()
+def test_a_request_that_cannot_run_says_why(req, limits, message):
     with pytest.raises(EngineError, match=message):
-        limits.fit(req)
+        admission(**limits).fit(req)
 
 
 def test_a_pairs_encoder_inputs_must_fit_one_step():

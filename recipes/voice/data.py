@@ -39,13 +39,13 @@ class DataError(RuntimeError):
 # -- espeak-ng ------------------------------------------------------------------------------------
 
 
-def espeak_command() -> list[str]:
-    """``$ESPEAK_NG`` (default ``espeak-ng``), with ``--path=$ESPEAK_NG_DATA`` when that is set
-    (the GPU machine unpacks Debian's package under /opt/espeak: see gpu.sh)."""
+def espeak_command(data: str | os.PathLike | None = None) -> list[str]:
+    """``$ESPEAK_NG`` (default ``espeak-ng``), with ``--path=DATA`` (default ``$ESPEAK_NG_DATA``,
+    when set: the GPU machine unpacks Debian's package under /opt/espeak, see gpu.sh)."""
     binary = os.environ.get("ESPEAK_NG", "espeak-ng")
     if shutil.which(binary) is None:
         raise DataError(f"espeak-ng not found ({binary}); apt-get install espeak-ng, or set ESPEAK_NG")
-    data = os.environ.get("ESPEAK_NG_DATA")
+    data = data or os.environ.get("ESPEAK_NG_DATA")
     return [binary] + ([f"--path={data}"] if data else [])
 
 
@@ -54,9 +54,10 @@ def espeak_version() -> str:
     return out.stdout.split("Data at")[0].strip()
 
 
-def synthesize(text: str, config: DataConfig) -> tuple[np.ndarray, int]:
-    """espeak-ng's waveform of ``text``: (int16 samples, their rate)."""
-    command = espeak_command() + ["-v", config.voice, "-s", str(config.words_per_minute), "-p", str(config.pitch),
+def synthesize(text: str, config: DataConfig, espeak_data: str | os.PathLike | None = None) -> tuple[np.ndarray, int]:
+    """espeak-ng's waveform of ``text``: (int16 samples, their rate); ``espeak_data``: a
+    directory holding another ``espeak-ng-data`` to speak with (``espeak_command``)."""
+    command = espeak_command(espeak_data) + ["-v", config.voice, "-s", str(config.words_per_minute), "-p", str(config.pitch),
                                   "--stdout"]
     # The text goes in on stdin: a sentence that starts with "-" is not an option there.
     out = subprocess.run(command, input=text.encode(), capture_output=True, check=True).stdout

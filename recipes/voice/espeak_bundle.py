@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from recipes.voice.config import DataConfig
+from recipes.voice.data import synthesize
 
 DATA_PACKAGE = "espeak-ng-data_*.deb"
 DATA_DIR = Path("usr/lib/x86_64-linux-gnu/espeak-ng-data")
@@ -42,9 +43,7 @@ def english_only(data_dir: Path) -> int:
 def trim(bundle: Path) -> tuple[int, int]:
     """Rebuild the bundle's espeak-ng-data package with English alone, in place (the package keeps
     its name, so ``dpkg -x`` on the device unpacks it as before). Returns (bytes before, after)."""
-    [package] = sorted(Path(bundle).glob(DATA_PACKAGE)) or [None]
-    if package is None:
-        raise FileNotFoundError(f"{bundle}: no {DATA_PACKAGE} (make the bundle first: ../shared/gpu/espeak/make-espeak-bundle.sh)")
+    package = _data_package(bundle)
     before = package.stat().st_size
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
@@ -58,26 +57,29 @@ def trim(bundle: Path) -> tuple[int, int]:
     return before, package.stat().st_size
 
 
+def _data_package(bundle: Path) -> Path:
+    packages = sorted(Path(bundle).glob(DATA_PACKAGE))
+    if len(packages) != 1:
+        raise FileNotFoundError(f"{bundle}: {len(packages)} {DATA_PACKAGE} where one was expected "
+                                "(make the bundle: ../shared/gpu/espeak/make-espeak-bundle.sh)")
+    return packages[0]
+
+
 def check(bundle: Path, sentences: list[str]) -> None:
     """espeak-ng speaks ``sentences`` with the bundle's (trimmed) data exactly as with the
     system's: raises ``AssertionError`` naming the first that differs."""
-    [package] = sorted(Path(bundle).glob(DATA_PACKAGE))
+    package = _data_package(bundle)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["dpkg", "-x", str(package), tmp], check=True)
         same_speech(Path(tmp) / DATA_DIR.parent, None, sentences)
 
 
 def same_speech(data_a: Path | None, data_b: Path | None, sentences: list[str]) -> None:
-    """The same WAV bytes from espeak-ng, with the recipe's settings, for each sentence with data
-    ``data_a`` and ``data_b`` (directories that hold an ``espeak-ng-data``; None: espeak-ng's own)."""
-    for sentence in sentences:
-        outputs = [_speak(data, sentence) for data in (data_a, data_b)]
-        if outputs[0] != outputs[1]:
-            raise AssertionError(f"espeak-ng speaks {sentence!r} differently with {data_a} than with {data_b}")
-
-
-def _speak(data: Path | None, text: str) -> bytes:
+    """The same waveform from espeak-ng, with the recipe's settings (``data.synthesize``), for each
+    sentence with data ``data_a`` and ``data_b`` (directories that hold an ``espeak-ng-data``;
+    None: the one the recipe finds)."""
     config = DataConfig()
-    command = (["espeak-ng"] + ([f"--path={data}"] if data else [])
-               + ["-v", config.voice, "-s", str(config.words_per_minute), "-p", str(config.pitch), "--stdout"])
-    return subprocess.run(command, input=text.encode(), capture_output=True, check=True).stdout
+    for sentence in sentences:
+        (a, rate_a), (b, rate_b) = (synthesize(sentence, config, data) for data in (data_a, data_b))
+        if rate_a != rate_b or a.tobytes() != b.tobytes():
+            raise AssertionError(f"espeak-ng speaks {sentence!r} differently with {data_a} than with {data_b}")
