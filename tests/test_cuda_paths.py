@@ -55,7 +55,7 @@ def test_the_cuda_paths_are_the_ones_running(engine):
     """Graphs recorded at attach for every bucket, the largest past the batch limit, with the
     readback room for it; the general sampling path on."""
     rt = _runtime(engine)
-    assert isinstance(rt._logits_graphs, CpuGraphs) and rt._logits_graphs.sizes == BUCKETS
+    assert isinstance(rt.logits_graphs, CpuGraphs) and rt.logits_graphs.sizes == BUCKETS
     assert rt.stats()["graph_captures"] >= 2 * len(BUCKETS)  # input and logits graphs, every bucket
     assert max(BUCKETS) > engine.config.max_num_seqs
     assert rt.table.readback.record.shape[0] >= max(BUCKETS)

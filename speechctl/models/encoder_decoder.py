@@ -35,6 +35,7 @@ from vllm.multimodal.processing import (
 from speechctl.engine import vllm_compat
 from speechctl.engine.requests import condition_tag
 from speechctl.engine.runtime import StreamRuntime
+from speechctl.engine.runtime.warmup import record_step_graphs
 from speechctl.engine.streams import StreamSpec
 from speechctl.engine.vllm_compat import CodesDummyHooks, CodesProcessorHooks
 
@@ -144,8 +145,8 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
         for the variants a CFG family meets: pairs live or not, with its filter or not. The input
         phase has none of its own: it runs inside vLLM's graph of the forward."""
         hidden_size, dtype = self._hidden
-        return self.stream_runtime.record_step_graphs(self._heads, None, hidden_size, dtype, guidance=True,
-                                                      repetition=False, cfg_filter=self.cfg_filter)
+        return record_step_graphs(self.stream_runtime, self._heads, None, hidden_size, dtype, guidance=True,
+                                  repetition=False, cfg_filter=self.cfg_filter)
 
     def get_language_model(self) -> nn.Module:
         return getattr(self, self.decoder_name)

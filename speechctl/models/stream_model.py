@@ -29,6 +29,7 @@ from vllm.multimodal.processing import (
 )
 
 from speechctl.engine.runtime import StreamRuntime
+from speechctl.engine.runtime.warmup import record_step_graphs
 from speechctl.engine.streams import DelayPattern, StreamSpec
 from speechctl.engine.vllm_compat import CodesDummyHooks, CodesProcessorHooks
 
@@ -156,8 +157,8 @@ class StreamModel(nn.Module, SupportsMultiModal):
         """Record the runtime's per-step CUDA graphs of every batch size now (start-up), for the
         variants this model can meet; the number recorded (0 without graphs)."""
         dtype = next(self.parameters()).dtype
-        return self.stream_runtime.record_step_graphs(self._heads, self._embed_streams, self.config.hidden_size, dtype,
-                                                      guidance=self.supports_guidance, repetition=self.supports_repetition)
+        return record_step_graphs(self.stream_runtime, self._heads, self._embed_streams, self.config.hidden_size, dtype,
+                                  guidance=self.supports_guidance, repetition=self.supports_repetition)
 
     def get_language_model(self) -> nn.Module:
         return getattr(self, self.backbone_name)

@@ -7,6 +7,7 @@
     guidance.py  classifier-free guidance: pair rows, merge logits, one token per pair
     repetition.py  repetition-aware sampling (Higgs' RAS)
     graphs.py    CUDA graphs and torch.compile of the per-step work
+    warmup.py    every per-step graph a workload can meet, recorded at start-up
     runtime.py   StreamRuntime: admit -> inputs -> (forward) -> sample -> record
     tracker.py   StreamTracker, the vLLM logits processor that reports batch rows (imports vLLM)
 """

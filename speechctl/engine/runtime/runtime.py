@@ -26,7 +26,6 @@ from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.repetition import redraw_repeats
 from speechctl.engine.runtime.rules import FrameRules
 from speechctl.engine.runtime.sampling import frame_sampler, sample_streams
-from speechctl.engine.runtime.settings import LiveSettings
 from speechctl.engine.runtime.slots import Admitted, Moved, SlotTable
 from speechctl.engine.streams import StreamSpec
 
@@ -57,7 +56,7 @@ class StreamRuntime:
         # (``use_step_graphs``); separate pools: the input graph's output is still read by the
         # forward when the logits graph runs.
         self._graphs: tuple[StepGraphs | None, StepGraphs | None] = (None, None)
-        self._input_graphs, self._logits_graphs = self._graphs
+        self.input_graphs, self.logits_graphs = self._graphs
 
     # -- admit ---------------------------------------------------------------------------------
 
@@ -75,21 +74,21 @@ class StreamRuntime:
         token per row) replays it with the input gathering as one CUDA graph; other steps
         (prefill chunks, prompt audio: ``graphable=False``) run eagerly."""
         n = input_ids.shape[0]
-        if graphable and self._input_graphs is not None and self.view is not None and self.view.num_reqs() == n:
+        if graphable and self.input_graphs is not None and self.view is not None and self.view.num_reqs() == n:
             slots, pos = self.table.row_slots[:n], self.view.positions(n)
-            out = self._graphed_embed(embed, input_ids, pos, slots)
+            out = self.graphed_embed(embed, input_ids, pos, slots)
             if out is not None:
                 self.rows = ScheduledRows(n, slots, pos)
                 return out
         return embed(input_ids, self.input_streams(input_ids))
 
-    def _graphed_embed(self, embed, input_ids, pos, slots):
+    def graphed_embed(self, embed, input_ids, pos, slots):
         """``embed`` of one token per row, replayed from the input graph of its bucket (None: no
         bucket holds this many rows)."""
         def step(ids, pos, slots):
             return (embed(ids, inputs_at(self.table, self.spec, ids, pos, slots)),)
 
-        out = self._input_graphs.run(step, None, input_ids.shape[0], (input_ids, pos, slots), (0, 0, self.table.scratch))
+        out = self.input_graphs.run(step, None, input_ids.shape[0], (input_ids, pos, slots), (0, 0, self.table.scratch))
         return None if out is None else out[0]
 
     @torch.profiler.record_function("speechctl.input_streams")
@@ -230,7 +229,7 @@ class StreamRuntime:
         """The body of a model's ``compute_logits``: ``heads(hidden_states)`` runs the output
         heads and ``sample`` (and, for CSM, the depth decoder). On CUDA it is replayed as one
         graph per batch-size bucket and per host-side sampling setting."""
-        rows, graphs = self.rows, self._logits_graphs
+        rows, graphs = self.rows, self.logits_graphs
         if rows is None:  # vLLM's profiling and warm-up runs
             return heads(hidden_states)
         out = None
@@ -254,47 +253,14 @@ class StreamRuntime:
         """Replay the per-step work as CUDA graphs for batches of up to max(sizes) rows."""
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
-            self._input_graphs, self._logits_graphs = self._graphs
+            self.input_graphs, self.logits_graphs = self._graphs
             self.table.readback.reserve_rows(max(sizes))
-
-    def record_step_graphs(self, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool, repetition: bool,
-                           cfg_filter: bool = False) -> int:
-        """Record every bucket's graphs now, at start-up, rather than when a step first needs one:
-        the input graph (none where ``embed`` is None: an encoder-decoder model gathers its
-        inputs inside vLLM's graph of its forward), and the logits graph for each host-side
-        variant a workload of this model can meet (CFG pairs live or not where ``guidance``,
-        with Dia's CFG filter or not where ``cfg_filter``; repetition-aware sampling where
-        ``repetition``; the audio sampling is one general path on CUDA). Dummy rows sit in the
-        scratch slot, whose writes go nowhere. Returns the graphs recorded."""
-        if self._logits_graphs is None:
-            return 0
-        before = self.stats()["graph_captures"]
-        table, scratch = self.table, self.table.scratch
-        live = table.settings
-        pairings = [(False, False)] + ([(True, False)] if guidance else []) + ([(True, True)] if guidance and cfg_filter else [])
-        for size in self._logits_graphs.sizes:
-            slots = torch.full((size,), scratch, dtype=torch.int64, device=self.device)
-            zeros = torch.zeros(size, dtype=torch.int64, device=self.device)
-            if embed is not None:
-                self._graphed_embed(embed, zeros, zeros, slots)
-            hidden = torch.zeros(size, hidden_size, dtype=dtype, device=self.device)
-            for paired, filtered in pairings:
-                for ras in (False, True) if repetition else (False,):
-                    table.settings = LiveSettings(general_audio=live.general_audio)
-                    table.settings.paired, table.settings.repetition = int(paired), int(ras)
-                    table.settings.cfg_filter = int(filtered)
-                    self.rows = ScheduledRows(size, slots, zeros)
-                    try:
-                        self.graphed_logits(heads, hidden)
-                    finally:
-                        table.settings, self.rows = live, None
-        return self.stats()["graph_captures"] - before
 
     def set_step_graphs(self, enabled: bool) -> bool:
         """Switch the per-step graphs off (eager, for comparison) or back on; returns whether
         they are on."""
-        self._input_graphs, self._logits_graphs = self._graphs if enabled else (None, None)
-        return self._logits_graphs is not None
+        self.input_graphs, self.logits_graphs = self._graphs if enabled else (None, None)
+        return self.logits_graphs is not None
 
     # -- driver access -------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
+from speechctl.engine.end_rules import EndRules
+from speechctl.engine.streams import DelayPattern, StreamSpec
 from speechctl.errors import ModelError
 from speechctl.models.family import CodecLocation, Family, GenerationDefaults, sampling_from
 from speechctl.models.weights import WeightFiles, tensor_names

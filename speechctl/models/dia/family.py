@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from speechctl.engine.params import Guidance, Sampling
-from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
+from speechctl.engine.end_rules import EndRules
+from speechctl.engine.streams import DelayPattern, StreamSpec
 from speechctl.models.family import TRANSFORMERS_DEFAULTS, CfgConvention, CodecLocation, Family, GenerationDefaults, processor_codec, sampling_from
 
 DIA_CODEC = "descript/dac_44khz"  # what DiaProcessor's audio tokenizer is loaded from

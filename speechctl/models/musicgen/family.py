@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from speechctl.engine.params import Guidance
-from speechctl.engine.streams import DelayPattern, EndRules, StreamSpec
+from speechctl.engine.end_rules import EndRules
+from speechctl.engine.streams import DelayPattern, StreamSpec
 from speechctl.models.family import CfgConvention, CodecLocation, Family, GenerationDefaults, sampling_from
 
 # The primary stream is control tokens (MusicGen has no text stream): small ids, inside any
