@@ -826,6 +826,8 @@ def test_export_is_speechctls_layout(lm_parts):
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(weights[k], v.float()), k
     assert (resolve_checkpoint(str(model_dir)).codec_dir / "model.safetensors").is_file()
+    # readable by every user (safetensors writes 0600), as anything pip installs
+    assert all(f.stat().st_mode & 0o444 == 0o444 for f in model_dir.rglob("*") if f.is_file())
 
 
 @pytest.mark.engine

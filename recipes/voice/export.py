@@ -68,6 +68,9 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
                 "(Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
         "speech": "espeak-ng (GPL-3.0-or-later), voice " + recipe.data.voice,
     }, indent=2))
+    for f in tmp.rglob("*"):  # safetensors writes 0600; a voice is read by whoever runs speechctl
+        if f.is_file():
+            f.chmod(0o644)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
