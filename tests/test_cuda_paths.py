@@ -68,6 +68,26 @@ def test_the_cuda_paths_are_the_ones_running(engine):
     assert CpuGraphs.replays > replays  # the decode steps replayed their graphs
 
 
+def test_varied_sampling_records_no_graph_after_start_up(engine):
+    """Every graph a workload of varied audio sampling needs was recorded at start-up (issue 21
+    item 5): greedy, top-k within and past the general path's candidate set, top-p, no filter,
+    alone and mixed. Before, the graphs were keyed also by the depth-decoder flags of models
+    without one, which every request's sampling set: each new setting recorded graphs mid-run."""
+    from speechctl.engine.params import Sampling
+
+    rt = _runtime(engine)
+    prompts = engine.prompt_builder()
+    settings = [Sampling(temperature=0.0), Sampling(temperature=0.9, top_k=5), Sampling(temperature=0.7, top_k=60),
+                Sampling(temperature=1.0, top_k=500), Sampling(temperature=1.1, top_p=0.8), Sampling(temperature=1.0)]
+    before = rt.stats()["graph_captures"]
+    for i, sampling in enumerate(settings):
+        outs = engine.generate([prompts.tts(f"alone {i}", audio_sampling=sampling, seed=i, max_frames=5)])
+        assert all(o.error is None for o in outs)
+    mixed = [prompts.tts(f"mixed {i}", audio_sampling=s, seed=i, max_frames=4 + i) for i, s in enumerate(settings)]
+    assert all(o.error is None for o in engine.generate(mixed))
+    assert rt.stats()["graph_captures"] == before
+
+
 def test_the_stand_in_refuses_what_would_sync_the_host():
     """A replayed per-step function may not read device values into Python (CUDA's capture
     would fail on it, and it would stall the step): the stand-in says so."""

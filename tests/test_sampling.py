@@ -159,6 +159,35 @@ def test_all_random_skips_the_greedy_pick_and_draws_the_same():
         assert torch.equal(sample_streams(logits, temperature, k, p, seed, step, all_random=True, **flags), mixed)
 
 
+def test_a_row_without_top_k_draws_the_same_beside_top_k_rows():
+    """A request sampling without a top-k may draw any token, whatever the others in its batch
+    filter by: the candidates the host flags ask for hold every token it may draw. (They were
+    the batch's largest top-k: beside a top-5 request, three in four of its tokens changed.)"""
+    from speechctl.engine.params import Sampling, StreamParams
+    from speechctl.engine.runtime.settings import LiveSettings
+
+    gen = torch.Generator().manual_seed(7)
+    R, K, V = 4, 8, 1024
+    logits = torch.randn(R, K, V, generator=gen) * 2
+    seed, step = torch.tensor([3, 4, 5, 6]), torch.tensor([10, 11, 12, 13])
+    samplings = [Sampling(temperature=1.0), Sampling(temperature=1.0, top_k=5), Sampling(temperature=0.8, top_p=0.9),
+                 Sampling(temperature=0.0, top_k=3)]
+
+    def draw(rows):
+        live = LiveSettings()
+        for i in rows:
+            live.count(StreamParams(str(i), i, audio=samplings[i]), 1)
+        t = torch.tensor([samplings[i].temperature for i in rows])
+        k = torch.tensor([samplings[i].top_k for i in rows])
+        p = torch.tensor([samplings[i].top_p for i in rows])
+        return sample_streams(logits[rows], t, k, p, seed[rows], step[rows], **live.sampling_flags())
+
+    for rows in ([0, 1], [0, 1, 3], [0, 1, 2, 3]):
+        batch = draw(rows)
+        for j, i in enumerate(rows):
+            assert torch.equal(batch[j], draw([i])[0]), (rows, samplings[i])
+
+
 def test_runtime_sampling_flags_follow_the_live_requests():
     """The host facts the runtime hands the sampler (and keys its graphs by) follow the live
     requests' settings as they come and go; depth-decoder settings are counted apart."""
@@ -179,8 +208,11 @@ def test_runtime_sampling_flags_follow_the_live_requests():
     assert flags() == {"any_random": True, "all_random": True, "any_filter": True, "max_top_k": 50, "any_top_p": False}
     assert flags(depth=True) == {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0,
                                  "any_top_p": False}
-    admit(1, StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))
-    assert flags() == {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+    admit(1, StreamParams("b", 2, audio=Sampling(temperature=0.0, top_p=0.8)))  # greedy: it needs no candidates
+    assert flags() == {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 50, "any_top_p": True}
+    admit(2, StreamParams("c", 3, audio=Sampling(temperature=0.7, top_p=0.8)))  # may draw any token
+    assert flags()["max_top_k"] == 0
+    runtime.release(["c"])
     runtime.release(["a"])
     assert flags() == {"any_random": False, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
     runtime.release(["b"])
@@ -191,7 +223,7 @@ def test_the_general_path_draws_what_the_specialized_paths_draw():
     """On CUDA the audio codebooks always take the general path (one graph whatever the live
     requests' settings): it must give every row the token the path specialized for the batch's
     settings gives — greedy rows, unfiltered rows, top-k and top-p rows alike."""
-    from speechctl.engine.runtime.settings import GENERAL_SAMPLING
+    from speechctl.engine.runtime.settings import CANDIDATE_SETS, GENERAL_SAMPLING
 
     gen = torch.Generator().manual_seed(4)
     R, K, V = 64, 4, 67
@@ -213,3 +245,6 @@ def test_the_general_path_draws_what_the_specialized_paths_draw():
         want = sample_streams(logits, temperature, top_k, top_p, seed, step, **specialized)
         got = sample_streams(logits, temperature, top_k, top_p, seed, step, **GENERAL_SAMPLING)
         assert torch.equal(got, want), name
+        if name in ("greedy", "top-k"):  # every random row's top-k within the candidate set
+            candidates = dict(GENERAL_SAMPLING, max_top_k=CANDIDATE_SETS[0])
+            assert torch.equal(sample_streams(logits, temperature, top_k, top_p, seed, step, **candidates), want), name

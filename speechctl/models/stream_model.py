@@ -134,6 +134,7 @@ class StreamModel(nn.Module, SupportsMultiModal):
     backbone_name = "model"
     supports_guidance = False  # CFG pairs can reach this model (its family's prompts build them)
     supports_repetition = False  # repetition-aware sampling can (Higgs)
+    has_depth_decoder = False  # its codebooks after the first are sampled one by one (CSM)
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
@@ -151,6 +152,7 @@ class StreamModel(nn.Module, SupportsMultiModal):
             max_rows=vllm_config.scheduler_config.max_num_seqs,
             max_len=vllm_config.model_config.max_model_len,
             device=device,
+            depth_decoder=self.has_depth_decoder,
         )
 
     def record_step_graphs(self) -> int:

@@ -39,11 +39,12 @@ class ScheduledRows(NamedTuple):
 
 
 class StreamRuntime:
-    def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device):
+    def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device,
+                 depth_decoder: bool = False):
         self.spec = spec
         self.pattern = spec.pattern
         self.device = device
-        self.table = SlotTable(spec, max_rows=max_rows, max_len=max_len, device=device)
+        self.table = SlotTable(spec, max_rows=max_rows, max_len=max_len, device=device, depth_decoder=depth_decoder)
         self.rules = FrameRules(spec, device)
         self.capacity = self.table.capacity
         self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built

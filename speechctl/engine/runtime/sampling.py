@@ -95,7 +95,7 @@ def sample_streams(
     [R, K, V]: the rows' ``gumbel_noise``, when the caller has it already; ``rows``: the
     settings' ``row_settings`` (same flags), when the caller has them already. ``any_random``
     (some temperature > 0), ``any_filter`` (some top-k/top-p), ``max_top_k`` (> 0 when every
-    filtering row has a top-k of at most this: candidates come from one ``topk`` instead of a
+    random row has a top-k of at most this: candidates come from one ``topk`` instead of a
     full sort), ``any_top_p`` (some top_p < 1: else the nucleus step is skipped). Returns [R, K] int64.
     """
     if not any_random:

@@ -36,6 +36,16 @@ class SamplingColumns:
 # Sampling flags under which ``sample_streams`` handles every row's settings (greedy or not, any
 # top-k, any top-p): the same tokens as the specialized paths (noise is keyed by token id).
 GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+# The general path's candidate sets: while every random row has a top-k of at most 64 (the
+# families' defaults: 45-50), each row's tokens come from one ``topk(64)`` rather than a sort of
+# the whole codebook (~6x the work per row); otherwise every token (``max_top_k`` 0). Each is one
+# more graph per batch size, recorded at start-up.
+CANDIDATE_SETS = (64, 0)
+
+
+def candidate_set(max_top_k: int) -> int:
+    """The general path's ``max_top_k`` for live rows that need ``max_top_k`` candidates (0: all)."""
+    return next((n for n in CANDIDATE_SETS if 0 < max_top_k <= n), 0)
 
 
 def general_audio_sampling(device: torch.device) -> bool:
@@ -50,15 +60,17 @@ class LiveSettings:
     and release only.
 
     With ``general_audio`` (on CUDA) the audio codebooks always take the general path: one
-    compiled function and one graph per batch size whatever the requests' sampling, so a workload
-    of varied settings records nothing after start-up (a full sort of one codebook's ~1k tokens
-    per row costs little beside the forward). A depth decoder's codebooks (CSM: 31 sampled one
-    after another) keep the specialized paths."""
+    compiled function and one graph per batch size and candidate set (``CANDIDATE_SETS``)
+    whatever the requests' sampling, so a workload of varied settings records nothing after
+    start-up. A depth decoder's codebooks (CSM: 31 sampled one after another) keep the
+    specialized paths, and only such a model's graphs are keyed by them (``depth_decoder``)."""
 
-    def __init__(self, general_audio: bool = False):
+    def __init__(self, general_audio: bool = False, depth_decoder: bool = False):
         self.general_audio = general_audio
+        self.depth_decoder = depth_decoder  # the model samples depth codebooks (CSM): they key its graphs
         self.live = 0
         self.random = {False: 0, True: 0}  # rows sampling at temperature > 0: audio, depth
+        self.unbounded = {False: 0, True: 0}  # of those, rows with no top-k: they may draw any token
         self.top_ks: dict[bool, Counter[int]] = {False: Counter(), True: Counter()}  # of rows that filter
         self.top_ps = {False: 0, True: 0}  # rows with top_p < 1
         self.paired = 0  # members of CFG pairs
@@ -70,6 +82,7 @@ class LiveSettings:
         self.live += sign
         for deep, sampling in ((False, params.audio), (True, params.depth or params.audio)):
             self.random[deep] += sign * (sampling.temperature > 0)
+            self.unbounded[deep] += sign * (sampling.temperature > 0 and sampling.top_k == 0)
             if sampling.filters:
                 self.top_ks[deep][sampling.top_k] += sign
             self.top_ps[deep] += sign * (sampling.top_p < 1)
@@ -81,16 +94,21 @@ class LiveSettings:
 
     def sampling_flags(self, depth: bool = False) -> dict:
         """For ``sample_streams``: whether some / every live row samples at temperature > 0,
-        whether some filters, the largest top-k among those (0 if one filters by top-p alone:
-        then candidates need a full sort), whether some filters by top-p."""
-        if self.general_audio and not depth:
-            return dict(GENERAL_SAMPLING)
-        random = self.random[depth]
+        whether some filters, how many candidates the random rows need (the largest top-k; 0,
+        a full sort, if one samples without a top-k: it may draw any token), whether some
+        filters by top-p. The audio codebooks' general path (on CUDA) takes the smallest
+        ``CANDIDATE_SETS`` entry that holds them."""
         ks = [k for k, n in self.top_ks[depth].items() if n > 0]
+        max_top_k = max(ks) if ks and not self.unbounded[depth] else 0
+        if self.general_audio and not depth:
+            return dict(GENERAL_SAMPLING, max_top_k=candidate_set(max_top_k))
+        random = self.random[depth]
         return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
-                "max_top_k": 0 if not ks or 0 in ks else max(ks), "any_top_p": self.top_ps[depth] > 0}
+                "max_top_k": max_top_k, "any_top_p": self.top_ps[depth] > 0}
 
     def graph_key(self) -> tuple:
-        """Every host-side fact that changes which kernels the per-step work runs."""
+        """Every host-side fact that changes which kernels the per-step work runs (the depth
+        codebooks' only where the model has a depth decoder)."""
+        depth = self.sampling_flags(depth=True).values() if self.depth_decoder else ()
         return (*self.sampling_flags().values(), self.paired > 0, self.cfg_filter > 0, self.text_random > 0,
-                self.repetition > 0, *self.sampling_flags(depth=True).values())
+                self.repetition > 0, *depth)

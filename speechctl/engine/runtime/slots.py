@@ -53,7 +53,8 @@ class Moved:
 class SlotTable:
     """Device columns indexed by slot, and which slot each batch row holds."""
 
-    def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device):
+    def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device,
+                 depth_decoder: bool = False):
         self.device = device
         self.capacity = slot_capacity(max_rows)
         self.max_len = max_len
@@ -104,7 +105,7 @@ class SlotTable:
         self.slots: dict[str, int] = {}  # request key -> slot
         self._params: dict[int, StreamParams] = {}
         self._free = list(range(self.capacity - 1, -1, -1))
-        self.settings = LiveSettings(general_audio=general_audio_sampling(device))
+        self.settings = LiveSettings(general_audio=general_audio_sampling(device), depth_decoder=depth_decoder)
         self.resumed = 0  # requests that came back after preemption (kept their slot)
 
     # -- membership ----------------------------------------------------------------------------

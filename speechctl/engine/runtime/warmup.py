@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from speechctl.engine.params import Sampling, StreamParams
 from speechctl.engine.runtime.runtime import ScheduledRows, StreamRuntime
-from speechctl.engine.runtime.settings import LiveSettings
+from speechctl.engine.runtime.settings import CANDIDATE_SETS, LiveSettings
 
 
 def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool,
@@ -20,8 +21,9 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
     None: an encoder-decoder model gathers its inputs inside vLLM's graph of its forward), and
     the logits graph for each host-side variant (CFG pairs live or not where ``guidance``, with
     Dia's CFG filter or not where ``cfg_filter``; repetition-aware sampling where
-    ``repetition``; the audio sampling is one general path on CUDA). Returns the graphs
-    recorded (0 without graphs)."""
+    ``repetition``; the general audio sampling path's candidate sets). Returns the graphs
+    recorded (0 without graphs). A depth decoder's specialized sampling (CSM) is keyed by its
+    requests' settings and recorded as they come."""
     graphs = runtime.logits_graphs
     if graphs is None:
         return 0
@@ -37,12 +39,20 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
         hidden = torch.zeros(size, hidden_size, dtype=dtype, device=device)
         for paired, filtered in pairings:
             for ras in (False, True) if repetition else (False,):
-                table.settings = LiveSettings(general_audio=live.general_audio)
-                table.settings.paired, table.settings.repetition = int(paired), int(ras)
-                table.settings.cfg_filter = int(filtered)
-                runtime.rows = ScheduledRows(size, slots, zeros)
-                try:
-                    runtime.graphed_logits(heads, hidden)
-                finally:
-                    table.settings, runtime.rows = live, None
+                for candidates in CANDIDATE_SETS if live.general_audio else (0,):
+                    table.settings = _variant(live, paired, filtered, ras, candidates)
+                    runtime.rows = ScheduledRows(size, slots, zeros)
+                    try:
+                        runtime.graphed_logits(heads, hidden)
+                    finally:
+                        table.settings, runtime.rows = live, None
     return runtime.stats()["graph_captures"] - before
+
+
+def _variant(live: LiveSettings, paired: bool, filtered: bool, ras: bool, candidates: int) -> LiveSettings:
+    """Settings whose graph key is one variant's: counted from a stand-in request whose audio
+    sampling needs ``candidates`` (0: a full sort, no top-k), as a live one would be."""
+    settings = LiveSettings(general_audio=live.general_audio, depth_decoder=live.depth_decoder)
+    settings.count(StreamParams("warm-up", 0, audio=Sampling(temperature=1.0, top_k=candidates)), 1)
+    settings.paired, settings.repetition, settings.cfg_filter = int(paired), int(ras), int(filtered)
+    return settings

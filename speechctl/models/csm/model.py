@@ -54,6 +54,7 @@ from speechctl.models.stream_model import (
 )
 class CsmForConditionalGeneration(StreamModel):
     backbone_name = "backbone_model"
+    has_depth_decoder = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
