@@ -595,6 +595,37 @@ def test_pack_and_unpack_round_trip(tmp_path):
         checkpoint.unpack(tmp_path / "out", "thing", tmp_path / "dest2")
 
 
+def test_the_machine_keeps_the_exact_state_that_does_not_travel(tmp_path):
+    """A checkpoint too large to travel exact (the LM: bf16 weights only, Adam restarted on every
+    resume) keeps its exact state on the machine that trains it: a chained call there resumes
+    with float32 weights and the optimizer's moments, while the pack still carries the small one."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    ckpt = tmp_path / "ckpt"
+    assert checkpoint.save_state(ckpt, {"m": model}, {"m": opt}, {"step": 1}, max_bytes=200) == "weights"
+
+    here = torch.nn.Linear(8, 8)
+    here_opt = torch.optim.AdamW(here.parameters(), lr=0.1)
+    assert checkpoint.load_state(ckpt, {"m": here}, {"m": here_opt})["resume"] == "exact"
+    assert torch.equal(here.weight, model.weight)  # float32, bit for bit
+    assert here_opt.state_dict()["state"][0]["step"] == 1
+
+    checkpoint.pack(ckpt, tmp_path / "out", "ckpt")
+    travelled = checkpoint.unpack(tmp_path / "out", "ckpt", tmp_path / "there")
+    assert not (travelled / checkpoint.LOCAL).exists() and (travelled / "state.pt").is_file()
+    there = torch.nn.Linear(8, 8)
+    there_opt = torch.optim.AdamW(there.parameters(), lr=0.1)
+    assert checkpoint.load_state(travelled, {"m": there}, {"m": there_opt})["resume"] == "weights"
+    assert torch.equal(there.weight, model.weight.to(torch.bfloat16).float()) and not there_opt.state_dict()["state"]
+
+    # a later save that fits exact leaves no stale local state behind
+    assert checkpoint.save_state(ckpt, {"m": model}, {"m": opt}, {"step": 2}) == "exact"
+    assert not (ckpt / checkpoint.LOCAL).exists()
+
+
 def test_a_pack_cut_short_is_no_pack(tmp_path, monkeypatch):
     """Packing over an earlier pack removes its hash file first and writes the new one last: a
     pack killed half-way (a call's limit) leaves no hash, and collect does not take its parts

@@ -6,7 +6,9 @@ call carries back) and back.
 A checkpoint holds the weights in float32 and the Adam moments in bfloat16 when that fits in
 ``MAX_STATE_BYTES`` (a call carries at most 64 MiB back or forth, the repository included); past
 that, bfloat16 weights and no optimizer state: a resumed run then rebuilds the moments over a short
-warm-up (``recipe.json`` says which: ``"resume": "exact"`` or ``"weights"``).
+warm-up (``recipe.json`` says which: ``"resume": "exact"`` or ``"weights"``). The exact state is
+then kept beside it all the same (``local.pt``), for the machine that trains: a chained call
+there resumes exactly; packs leave it out.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 PART_BYTES = 16_000_000  # < 16 MiB: the largest file a device call brings back
 MAX_STATE_BYTES = 56 * 1024 * 1024  # what a call can carry beside the repository (64 MiB in all)
+LOCAL = "local.pt"  # the exact state where state.pt holds bfloat16 weights only: it does not travel
 
 
 class CheckpointError(RuntimeError):
@@ -55,18 +58,30 @@ def save_state(path: Path, modules: dict, optimizers: dict, meta: dict, max_byte
     exact = 2 * weights <= max_bytes  # fp32 weights + two bf16 moments = 2x the fp32 weights
     if not exact and weights // 2 > max_bytes:
         raise CheckpointError(f"even bfloat16 weights ({weights // 2 / 2**20:.0f} MiB) exceed {max_bytes / 2**20:.0f} MiB")
+    if exact:
+        (path / LOCAL).unlink(missing_ok=True)
+    else:
+        _write(path / LOCAL, _state(modules, optimizers, meta, exact=True))
+    state = _state(modules, optimizers, meta, exact)
+    _write(path / "state.pt", state)
+    return state["resume"]
+
+
+def _state(modules: dict, optimizers: dict, meta: dict, exact: bool) -> dict:
     dtype = torch.float32 if exact else torch.bfloat16
-    state = {
+    return {
         "modules": {name: {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
                            for k, v in m.state_dict().items()} for name, m in modules.items()},
         "optimizers": {name: _moments_to(_cpu(o.state_dict()), torch.bfloat16) for name, o in optimizers.items()} if exact else {},
         "meta": meta,
         "resume": "exact" if exact else "weights",
     }
-    tmp = path / "state.pt.tmp"
+
+
+def _write(path: Path, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
-    os.replace(tmp, path / "state.pt")
-    return state["resume"]
+    os.replace(tmp, path)
 
 
 def _cpu(obj):
@@ -80,9 +95,14 @@ def _cpu(obj):
 
 
 def load_state(path: Path, modules: dict, optimizers: dict) -> dict:
-    """Load ``path/state.pt`` into ``modules`` and (when it has them) ``optimizers``; returns
-    its meta plus ``resume``."""
+    """Load ``path/state.pt`` into ``modules`` and (when it has them) ``optimizers``, or the exact
+    state saved with it where this machine kept one (``LOCAL``); returns its meta plus ``resume``."""
     state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+    local = Path(path) / LOCAL
+    if local.is_file():
+        exact = torch.load(local, map_location="cpu", weights_only=False)
+        if exact["meta"] == state["meta"]:  # saved together (a later state.pt alone would differ)
+            state = exact
     for name, m in modules.items():
         params = m.state_dict()
         m.load_state_dict({k: v.to(params[k].dtype) for k, v in state["modules"][name].items()})
@@ -152,7 +172,7 @@ def pack(src: Path, out: Path, name: str, part_bytes: int = PART_BYTES) -> list[
         old.unlink()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        for f in sorted(p for p in src.rglob("*") if p.is_file() and p.name != LOCAL):
             info = tar.gettarinfo(str(f), arcname=str(f.relative_to(src)))
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""  # same bytes, same tar
             with open(f, "rb") as fh:
