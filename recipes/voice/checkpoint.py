@@ -58,24 +58,22 @@ def save_state(path: Path, modules: dict, optimizers: dict, meta: dict, max_byte
     exact = 2 * weights <= max_bytes  # fp32 weights + two bf16 moments = 2x the fp32 weights
     if not exact and weights // 2 > max_bytes:
         raise CheckpointError(f"even bfloat16 weights ({weights // 2 / 2**20:.0f} MiB) exceed {max_bytes / 2**20:.0f} MiB")
+    state = {
+        "modules": {name: {k: (v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu())
+                           for k, v in m.state_dict().items()} for name, m in modules.items()},
+        "optimizers": {name: _moments_to(_cpu(o.state_dict()), torch.bfloat16) for name, o in optimizers.items()},
+        "meta": meta,
+        "resume": "exact",
+    }
     if exact:
         (path / LOCAL).unlink(missing_ok=True)
-    else:
-        _write(path / LOCAL, _state(modules, optimizers, meta, exact=True))
-    state = _state(modules, optimizers, meta, exact)
+    else:  # the exact state stays here; what travels is its weights in bfloat16
+        _write(path / LOCAL, state)
+        state = {**state, "modules": {name: {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in m.items()}
+                                      for name, m in state["modules"].items()},
+                 "optimizers": {}, "resume": "weights"}
     _write(path / "state.pt", state)
     return state["resume"]
-
-
-def _state(modules: dict, optimizers: dict, meta: dict, exact: bool) -> dict:
-    dtype = torch.float32 if exact else torch.bfloat16
-    return {
-        "modules": {name: {k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu())
-                           for k, v in m.state_dict().items()} for name, m in modules.items()},
-        "optimizers": {name: _moments_to(_cpu(o.state_dict()), torch.bfloat16) for name, o in optimizers.items()} if exact else {},
-        "meta": meta,
-        "resume": "exact" if exact else "weights",
-    }
 
 
 def _write(path: Path, state: dict) -> None:

@@ -39,7 +39,7 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
         hidden = torch.zeros(size, hidden_size, dtype=dtype, device=device)
         for paired, filtered in pairings:
             for ras in (False, True) if repetition else (False,):
-                for candidates in CANDIDATE_SETS if live.general_audio else (0,):
+                for candidates in CANDIDATE_SETS:
                     table.settings = _variant(live, paired, filtered, ras, candidates)
                     runtime.rows = ScheduledRows(size, slots, zeros)
                     try:
