@@ -88,6 +88,33 @@ def test_varied_sampling_records_no_graph_after_start_up(engine):
     assert rt.stats()["graph_captures"] == before
 
 
+def test_varied_guidance_records_no_graph_after_start_up(engine):
+    """CFG on and off, any scale and guided streams, Dia's CFG filter, text sampled at a
+    temperature or greedily, sampled audio: the graphs for all of them were recorded at start-up
+    (issue 21 item 5). Before, the warm-up recorded pairs without the filter and with greedy text
+    only, so the first filtered pair, or the first pair sampling its text, recorded mid-run."""
+    from speechctl.engine.params import Guidance, Sampling
+
+    rt = _runtime(engine)
+    prompts = engine.prompt_builder()
+    cases = [
+        dict(guidance=Guidance(scale=3.0)),
+        dict(guidance=Guidance(scale=0.5, streams="audio"), audio_sampling=Sampling(temperature=0.9, top_k=40)),
+        dict(guidance=Guidance(scale=2.0, streams="text"), text_sampling=Sampling(temperature=0.8)),
+        dict(guidance=Guidance(scale=1.5, top_k=5)),
+        dict(guidance=Guidance(scale=3.0, top_k=45), text_sampling=Sampling(temperature=1.2, top_k=45, top_p=0.95),
+             audio_sampling=Sampling(temperature=1.2, top_k=45, top_p=0.95)),
+        dict(text_sampling=Sampling(temperature=0.7)),
+    ]
+    before = rt.stats()["graph_captures"]
+    for i, case in enumerate(cases):
+        outs = engine.generate([prompts.tts(f"guided {i}", seed=i, max_frames=5, **case)])
+        assert all(o.error is None for o in outs), [o.error for o in outs]
+    mixed = [prompts.tts(f"mixed {i}", seed=i, max_frames=3 + i, **case) for i, case in enumerate(cases)]
+    assert all(o.error is None for o in engine.generate(mixed))
+    assert rt.stats()["graph_captures"] == before
+
+
 def test_the_stand_in_refuses_what_would_sync_the_host():
     """A replayed per-step function may not read device values into Python (CUDA's capture
     would fail on it, and it would stall the step): the stand-in says so."""

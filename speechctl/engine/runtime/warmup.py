@@ -16,31 +16,34 @@ from speechctl.engine.runtime.settings import CANDIDATE_SETS, LiveSettings
 
 
 def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool,
-                       repetition: bool, cfg_filter: bool = False) -> int:
+                       repetition: bool) -> int:
     """Record ``runtime``'s graphs of every bucket: the input graph (none where ``embed`` is
     None: an encoder-decoder model gathers its inputs inside vLLM's graph of its forward), and
-    the logits graph for each host-side variant (CFG pairs live or not where ``guidance``, with
-    Dia's CFG filter or not where ``cfg_filter``; repetition-aware sampling where
-    ``repetition``; the general audio sampling path's candidate sets). Returns the graphs
-    recorded (0 without graphs). A depth decoder's specialized sampling (CSM) is keyed by its
-    requests' settings and recorded as they come."""
+    the logits graph for each host-side variant (where ``guidance``: CFG pairs live or not, with
+    Dia's CFG filter or not, their text sampled or greedy — ``--cfg-top-k`` and the text's
+    sampling reach every guided family; repetition-aware sampling where ``repetition``; the
+    general audio sampling path's candidate sets). Returns the graphs recorded (0 without
+    graphs). A depth decoder's specialized sampling (CSM) is keyed by its requests' settings and
+    recorded as they come."""
     graphs = runtime.logits_graphs
     if graphs is None:
         return 0
     before = runtime.stats()["graph_captures"]
     table, device = runtime.table, runtime.device
     live = table.settings
-    pairings = [(False, False)] + ([(True, False)] if guidance else []) + ([(True, True)] if guidance and cfg_filter else [])
+    pairings = [(False, False, False)]
+    if guidance:
+        pairings += [(True, filtered, text_random) for filtered in (False, True) for text_random in (False, True)]
     for size in graphs.sizes:
         slots = torch.full((size,), table.scratch, dtype=torch.int64, device=device)
         zeros = torch.zeros(size, dtype=torch.int64, device=device)
         if embed is not None:
             runtime.graphed_embed(embed, zeros, zeros, slots)
         hidden = torch.zeros(size, hidden_size, dtype=dtype, device=device)
-        for paired, filtered in pairings:
+        for paired, filtered, text_random in pairings:
             for ras in (False, True) if repetition else (False,):
                 for candidates in CANDIDATE_SETS:
-                    table.settings = _variant(live, paired, filtered, ras, candidates)
+                    table.settings = _variant(live, paired, filtered, text_random, ras, candidates)
                     runtime.rows = ScheduledRows(size, slots, zeros)
                     try:
                         runtime.graphed_logits(heads, hidden)
@@ -49,10 +52,12 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
     return runtime.stats()["graph_captures"] - before
 
 
-def _variant(live: LiveSettings, paired: bool, filtered: bool, ras: bool, candidates: int) -> LiveSettings:
+def _variant(live: LiveSettings, paired: bool, filtered: bool, text_random: bool, ras: bool,
+             candidates: int) -> LiveSettings:
     """Settings whose graph key is one variant's: counted from a stand-in request whose audio
     sampling needs ``candidates`` (0: a full sort, no top-k), as a live one would be."""
     settings = LiveSettings(general_audio=live.general_audio, depth_decoder=live.depth_decoder)
     settings.count(StreamParams("warm-up", 0, audio=Sampling(temperature=1.0, top_k=candidates)), 1)
     settings.paired, settings.repetition, settings.cfg_filter = int(paired), int(ras), int(filtered)
+    settings.text_random = int(text_random)
     return settings
