@@ -12,6 +12,7 @@ replay here sees today's Python state); the H200 runs the real graphs.
 Every engine start on CUDA failed once in code that only this path reaches (the readback's rows
 sized by ``max_num_seqs`` while the graphs ran twice as many), unseen until a GPU ran it."""
 
+import numpy as np
 import pytest
 
 from cuda_stand_in import BUCKETS, CpuGraphs, stand_in
@@ -113,6 +114,47 @@ def test_varied_guidance_records_no_graph_after_start_up(engine):
     mixed = [prompts.tts(f"mixed {i}", seed=i, max_frames=3 + i, **case) for i, case in enumerate(cases)]
     assert all(o.error is None for o in engine.generate(mixed))
     assert rt.stats()["graph_captures"] == before
+
+
+@pytest.fixture(scope="module")
+def csm_engine(tmp_path_factory, cuda_paths):
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
+
+    eng = make_engine(create_csm_checkpoint(tmp_path_factory.mktemp("csm") / "tiny-csm", CsmRecipe(seed=2)))
+    yield eng
+    eng.shutdown()
+
+
+def test_a_depth_decoders_varied_sampling_records_no_graph_after_start_up(csm_engine):
+    """CSM samples its depth codebooks by their own settings: greedy, top-k within and past the
+    candidate set, top-p, none, beside any setting of codebook 0, alone and mixed, all met by
+    graphs recorded at start-up (issue 21 item 5). Before, the depth codebooks' graphs were keyed
+    by the requests' largest top-k itself, so each new setting recorded graphs mid-run. And the
+    tokens a request draws do not depend on its batch, whichever graph the batch replays."""
+    from speechctl.engine.params import Sampling
+
+    rt = _runtime(csm_engine)
+    assert rt.table.settings.depth_decoder
+    prompts = csm_engine.prompt_builder()
+    greedy, k5, k60, k500 = (Sampling(temperature=0.0), Sampling(temperature=0.9, top_k=5),
+                             Sampling(temperature=0.7, top_k=60), Sampling(temperature=1.0, top_k=500))
+    nucleus, free = Sampling(temperature=1.1, top_p=0.8), Sampling(temperature=1.0)
+    cases = [(greedy, greedy), (greedy, k5), (k5, greedy), (k60, k500), (nucleus, free), (free, k60), (k500, nucleus)]
+
+    def request(i, audio, depth):
+        return prompts.tts(f"case {i}", audio_sampling=audio, depth_sampling=depth, seed=i, max_frames=4 + i % 3, tag=i)
+
+    before = rt.stats()["graph_captures"]
+    alone = {}
+    for i, (audio, depth) in enumerate(cases):
+        (out,) = csm_engine.generate([request(i, audio, depth)])
+        assert out.error is None, out.error
+        alone[i] = out.aux
+    mixed = csm_engine.generate([request(i, audio, depth) for i, (audio, depth) in enumerate(cases)])
+    assert rt.stats()["graph_captures"] == before
+    for out in mixed:
+        assert out.error is None, out.error
+        np.testing.assert_array_equal(out.aux, alone[out.tag], err_msg=f"case {out.tag} depends on its batch")
 
 
 def test_the_stand_in_refuses_what_would_sync_the_host():

@@ -36,6 +36,9 @@ class SamplingColumns:
 # Sampling flags under which ``sample_streams`` handles every row's settings (greedy or not, any
 # top-k, any top-p): the same tokens as the specialized paths (noise is keyed by token id).
 GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True, "max_top_k": 0, "any_top_p": True}
+# The same for batches whose every row is greedy (a depth decoder's, where the general path would
+# run its extra work once per codebook, 31 times a step).
+GREEDY_SAMPLING = {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}
 # The general path's candidate sets: while every random row has a top-k of at most 64 (the
 # families' defaults: 45-50), each row's tokens come from one ``topk(64)`` rather than a sort of
 # the whole codebook (~6x the work per row); otherwise every token (``max_top_k`` 0). Each is one
@@ -62,8 +65,9 @@ class LiveSettings:
     With ``general_audio`` (on CUDA) the audio codebooks always take the general path: one
     compiled function and one graph per batch size and candidate set (``CANDIDATE_SETS``)
     whatever the requests' sampling, so a workload of varied settings records nothing after
-    start-up. A depth decoder's codebooks (CSM: 31 sampled one after another) keep the
-    specialized paths, and only such a model's graphs are keyed by them (``depth_decoder``)."""
+    start-up. A depth decoder's codebooks (CSM: 31 sampled one after another) take it too where
+    some row samples them, and argmax alone where none does; only such a model's graphs are keyed
+    by them (``depth_decoder``)."""
 
     def __init__(self, general_audio: bool = False, depth_decoder: bool = False):
         self.general_audio = general_audio
@@ -96,13 +100,15 @@ class LiveSettings:
         """For ``sample_streams``: whether some / every live row samples at temperature > 0,
         whether some filters, how many candidates the random rows need (the largest top-k; 0,
         a full sort, if one samples without a top-k: it may draw any token), whether some
-        filters by top-p. The audio codebooks' general path (on CUDA) takes the smallest
-        ``CANDIDATE_SETS`` entry that holds them."""
+        filters by top-p. The general path (on CUDA) takes the smallest ``CANDIDATE_SETS`` entry
+        that holds them."""
         ks = [k for k, n in self.top_ks[depth].items() if n > 0]
         max_top_k = max(ks) if ks and not self.unbounded[depth] else 0
-        if self.general_audio and not depth:
-            return dict(GENERAL_SAMPLING, max_top_k=candidate_set(max_top_k))
         random = self.random[depth]
+        if self.general_audio and depth and not random:
+            return GREEDY_SAMPLING  # a depth decoder's 31 codebooks, greedy: argmax alone
+        if self.general_audio:
+            return dict(GENERAL_SAMPLING, max_top_k=candidate_set(max_top_k))
         return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
                 "max_top_k": max_top_k, "any_top_p": self.top_ps[depth] > 0}
 

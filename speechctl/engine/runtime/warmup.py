@@ -22,9 +22,8 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
     the logits graph for each host-side variant (where ``guidance``: CFG pairs live or not, with
     Dia's CFG filter or not, their text sampled or greedy — ``--cfg-top-k`` and the text's
     sampling reach every guided family; repetition-aware sampling where ``repetition``; the
-    general audio sampling path's candidate sets). Returns the graphs recorded (0 without
-    graphs). A depth decoder's specialized sampling (CSM) is keyed by its requests' settings and
-    recorded as they come."""
+    general sampling path's candidate sets; a depth decoder's codebooks, CSM's, greedy or on
+    each candidate set). Returns the graphs recorded (0 without graphs)."""
     graphs = runtime.logits_graphs
     if graphs is None:
         return 0
@@ -43,21 +42,25 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
         for paired, filtered, text_random in pairings:
             for ras in (False, True) if repetition else (False,):
                 for candidates in CANDIDATE_SETS:
-                    table.settings = _variant(live, paired, filtered, text_random, ras, candidates)
-                    runtime.rows = ScheduledRows(size, slots, zeros)
-                    try:
-                        runtime.graphed_logits(heads, hidden)
-                    finally:
-                        table.settings, runtime.rows = live, None
+                    for depth in (None, *CANDIDATE_SETS) if live.depth_decoder else (candidates,):
+                        table.settings = _variant(live, paired, filtered, text_random, ras, candidates, depth)
+                        runtime.rows = ScheduledRows(size, slots, zeros)
+                        try:
+                            runtime.graphed_logits(heads, hidden)
+                        finally:
+                            table.settings, runtime.rows = live, None
     return runtime.stats()["graph_captures"] - before
 
 
-def _variant(live: LiveSettings, paired: bool, filtered: bool, text_random: bool, ras: bool,
-             candidates: int) -> LiveSettings:
+def _variant(live: LiveSettings, paired: bool, filtered: bool, text_random: bool, ras: bool, candidates: int,
+             depth: int | None) -> LiveSettings:
     """Settings whose graph key is one variant's: counted from a stand-in request whose audio
-    sampling needs ``candidates`` (0: a full sort, no top-k), as a live one would be."""
+    sampling needs ``candidates`` (0: a full sort, no top-k) and its depth decoder's ``depth``
+    (None: greedy), as a live one would be."""
     settings = LiveSettings(general_audio=live.general_audio, depth_decoder=live.depth_decoder)
-    settings.count(StreamParams("warm-up", 0, audio=Sampling(temperature=1.0, top_k=candidates)), 1)
+    depth_sampling = Sampling(temperature=0.0) if depth is None else Sampling(temperature=1.0, top_k=depth)
+    settings.count(StreamParams("warm-up", 0, audio=Sampling(temperature=1.0, top_k=candidates),
+                                depth=depth_sampling), 1)
     settings.paired, settings.repetition, settings.cfg_filter = int(paired), int(ras), int(filtered)
     settings.text_random = int(text_random)
     return settings
