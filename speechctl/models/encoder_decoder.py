@@ -125,6 +125,7 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
     condition), ``_decode(aux, positions, encoder_states) -> hidden`` and ``_heads(hidden)``."""
 
     decoder_name = "decoder"
+    cfg_filter = False  # Dia's CFG filter can reach this model (its family's convention)
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
@@ -141,11 +142,11 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
 
     def record_step_graphs(self) -> int:
         """Record the sampling phase's per-step CUDA graphs of every batch size now (start-up),
-        for the variants a CFG family meets (``record_step_graphs``). The input
+        for the variants a CFG family meets: pairs live or not, with its filter or not. The input
         phase has none of its own: it runs inside vLLM's graph of the forward."""
         hidden_size, dtype = self._hidden
         return record_step_graphs(self.stream_runtime, self._heads, None, hidden_size, dtype, guidance=True,
-                                  repetition=False)
+                                  repetition=False, cfg_filter=self.cfg_filter)
 
     def get_language_model(self) -> nn.Module:
         return getattr(self, self.decoder_name)

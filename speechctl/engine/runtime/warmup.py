@@ -16,34 +16,36 @@ from speechctl.engine.runtime.settings import CANDIDATE_SETS, LiveSettings
 
 
 def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool,
-                       repetition: bool) -> int:
+                       repetition: bool, cfg_filter: bool = False) -> int:
     """Record ``runtime``'s graphs of every bucket: the input graph (none where ``embed`` is
     None: an encoder-decoder model gathers its inputs inside vLLM's graph of its forward), and
-    the logits graph for each host-side variant (where ``guidance``: CFG pairs live or not, with
-    Dia's CFG filter or not, their text sampled or greedy — ``--cfg-top-k`` and the text's
-    sampling reach every guided family; repetition-aware sampling where ``repetition``; the
-    general sampling path's candidate sets; a depth decoder's codebooks, CSM's, greedy or on
-    each candidate set). Returns the graphs recorded (0 without graphs)."""
+    the logits graph for each host-side variant (CFG pairs live or not where ``guidance``, with
+    Dia's CFG filter or not where ``cfg_filter``; repetition-aware sampling where
+    ``repetition``; the general sampling path's candidate sets; a depth decoder's codebooks,
+    CSM's, greedy or on each candidate set). Returns the graphs recorded (0 without graphs).
+
+    Two rarer variants are left to their first use, a one-time capture: a pair whose text is
+    sampled at a temperature (chat with CFG), and Dia's CFG filter (``--cfg-top-k``) in another
+    guided family. Each is one more compiled variant of the sampling step per guided engine
+    (recording all of them quadrupled the compiled CPU test's start-up: 38 -> 148 s)."""
     graphs = runtime.logits_graphs
     if graphs is None:
         return 0
     before = runtime.stats()["graph_captures"]
     table, device = runtime.table, runtime.device
     live = table.settings
-    pairings = [(False, False, False)]
-    if guidance:
-        pairings += [(True, filtered, text_random) for filtered in (False, True) for text_random in (False, True)]
+    pairings = [(False, False)] + ([(True, False)] if guidance else []) + ([(True, True)] if guidance and cfg_filter else [])
     for size in graphs.sizes:
         slots = torch.full((size,), table.scratch, dtype=torch.int64, device=device)
         zeros = torch.zeros(size, dtype=torch.int64, device=device)
         if embed is not None:
             runtime.graphed_embed(embed, zeros, zeros, slots)
         hidden = torch.zeros(size, hidden_size, dtype=dtype, device=device)
-        for paired, filtered, text_random in pairings:
+        for paired, filtered in pairings:
             for ras in (False, True) if repetition else (False,):
                 for candidates in CANDIDATE_SETS:
                     for depth in (None, *CANDIDATE_SETS) if live.depth_decoder else (candidates,):
-                        table.settings = _variant(live, paired, filtered, text_random, ras, candidates, depth)
+                        table.settings = _variant(live, paired, filtered, ras, candidates, depth)
                         runtime.rows = ScheduledRows(size, slots, zeros)
                         try:
                             runtime.graphed_logits(heads, hidden)
@@ -52,8 +54,7 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
     return runtime.stats()["graph_captures"] - before
 
 
-def _variant(live: LiveSettings, paired: bool, filtered: bool, text_random: bool, ras: bool, candidates: int,
-             depth: int | None) -> LiveSettings:
+def _variant(live: LiveSettings, paired: bool, filtered: bool, ras: bool, candidates: int, depth: int | None) -> LiveSettings:
     """Settings whose graph key is one variant's: counted from a stand-in request whose audio
     sampling needs ``candidates`` (0: a full sort, no top-k) and its depth decoder's ``depth``
     (None: greedy), as a live one would be."""
@@ -62,5 +63,4 @@ def _variant(live: LiveSettings, paired: bool, filtered: bool, text_random: bool
     settings.count(StreamParams("warm-up", 0, audio=Sampling(temperature=1.0, top_k=candidates),
                                 depth=depth_sampling), 1)
     settings.paired, settings.repetition, settings.cfg_filter = int(paired), int(ras), int(filtered)
-    settings.text_random = int(text_random)
     return settings

@@ -152,6 +152,7 @@ class DiaDecoder(nn.Module):
     ConditionProcessor, info=ConditionProcessingInfo, dummy_inputs=ConditionDummyInputsBuilder
 )
 class DiaForConditionalGeneration(EncoderDecoderModel):
+    cfg_filter = True
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
