@@ -69,6 +69,19 @@ def test_the_cuda_paths_are_the_ones_running(engine):
     assert CpuGraphs.replays > replays  # the decode steps replayed their graphs
 
 
+def alone_then_mixed(engine, make, n: int) -> tuple[list, list]:
+    """Requests ``make(0..n-1)`` each alone, then all in one batch: (alone, mixed) outputs, in
+    order, every one without an error."""
+    alone = []
+    for i in range(n):
+        (out,) = engine.generate([make(i)])
+        assert out.error is None, out.error
+        alone.append(out)
+    mixed = engine.generate([make(i) for i in range(n)])
+    assert all(o.error is None for o in mixed), [o.error for o in mixed]
+    return alone, sorted(mixed, key=lambda o: o.tag)
+
+
 def test_varied_sampling_records_no_graph_after_start_up(engine):
     """Every graph a workload of varied audio sampling needs was recorded at start-up (issue 21
     item 5): greedy, top-k within and past the general path's candidate set, top-p, no filter,
@@ -81,11 +94,8 @@ def test_varied_sampling_records_no_graph_after_start_up(engine):
     settings = [Sampling(temperature=0.0), Sampling(temperature=0.9, top_k=5), Sampling(temperature=0.7, top_k=60),
                 Sampling(temperature=1.0, top_k=500), Sampling(temperature=1.1, top_p=0.8), Sampling(temperature=1.0)]
     before = rt.stats()["graph_captures"]
-    for i, sampling in enumerate(settings):
-        outs = engine.generate([prompts.tts(f"alone {i}", audio_sampling=sampling, seed=i, max_frames=5)])
-        assert all(o.error is None for o in outs)
-    mixed = [prompts.tts(f"mixed {i}", audio_sampling=s, seed=i, max_frames=4 + i) for i, s in enumerate(settings)]
-    assert all(o.error is None for o in engine.generate(mixed))
+    alone_then_mixed(engine, lambda i: prompts.tts(f"varied {i}", audio_sampling=settings[i], seed=i, max_frames=4 + i,
+                                                   tag=i), len(settings))
     assert rt.stats()["graph_captures"] == before
 
 
@@ -106,11 +116,7 @@ def test_varied_guidance_records_no_graph_after_start_up(engine):
         dict(audio_sampling=Sampling(temperature=0.7)),
     ]
     before = rt.stats()["graph_captures"]
-    for i, case in enumerate(cases):
-        outs = engine.generate([prompts.tts(f"guided {i}", seed=i, max_frames=5, **case)])
-        assert all(o.error is None for o in outs), [o.error for o in outs]
-    mixed = [prompts.tts(f"mixed {i}", seed=i, max_frames=3 + i, **case) for i, case in enumerate(cases)]
-    assert all(o.error is None for o in engine.generate(mixed))
+    alone_then_mixed(engine, lambda i: prompts.tts(f"guided {i}", seed=i, max_frames=3 + i, tag=i, **cases[i]), len(cases))
     assert rt.stats()["graph_captures"] == before
 
 
@@ -139,20 +145,15 @@ def test_a_depth_decoders_varied_sampling_records_no_graph_after_start_up(csm_en
     nucleus, free = Sampling(temperature=1.1, top_p=0.8), Sampling(temperature=1.0)
     cases = [(greedy, greedy), (greedy, k5), (k5, greedy), (k60, k500), (nucleus, free), (free, k60), (k500, nucleus)]
 
-    def request(i, audio, depth):
+    def request(i):
+        audio, depth = cases[i]
         return prompts.tts(f"case {i}", audio_sampling=audio, depth_sampling=depth, seed=i, max_frames=4 + i % 3, tag=i)
 
     before = rt.stats()["graph_captures"]
-    alone = {}
-    for i, (audio, depth) in enumerate(cases):
-        (out,) = csm_engine.generate([request(i, audio, depth)])
-        assert out.error is None, out.error
-        alone[i] = out.aux
-    mixed = csm_engine.generate([request(i, audio, depth) for i, (audio, depth) in enumerate(cases)])
+    alone, mixed = alone_then_mixed(csm_engine, request, len(cases))
     assert rt.stats()["graph_captures"] == before
-    for out in mixed:
-        assert out.error is None, out.error
-        np.testing.assert_array_equal(out.aux, alone[out.tag], err_msg=f"case {out.tag} depends on its batch")
+    for a, m in zip(alone, mixed):
+        np.testing.assert_array_equal(m.aux, a.aux, err_msg=f"case {m.tag} depends on its batch")
 
 
 def test_the_stand_in_refuses_what_would_sync_the_host():

@@ -707,15 +707,13 @@ def test_kept_packs_live_in_history_not_in_the_tree_and_come_back(tmp_path):
 
 def fake_codes(path: Path, K: int, C: int, items: list[tuple[str, int]], seed: int = 0) -> str:
     """A codes directory (what codes.extract writes) of random codes, the same in both splits."""
+    from recipes.voice.codes import write_split
+
     path.mkdir(parents=True, exist_ok=True)
     for name in ("train", "heldout"):
         rng = np.random.default_rng(seed)
         codes = [rng.integers(0, C, (K, frames)) for _, frames in items]
-        frames = [c.shape[1] for c in codes]
-        np.save(path / f"{name}.npy", np.concatenate(codes, axis=1).astype(np.int16))
-        offsets = np.concatenate([[0], np.cumsum(frames)[:-1]]).tolist()
-        (path / f"{name}.json").write_text(json.dumps({"text": [t for t, _ in items], "offset": offsets,
-                                                        "frames": frames}))
+        write_split(path, name, np.concatenate(codes, axis=1), [t for t, _ in items], [c.shape[1] for c in codes])
     return "c" * 64
 
 
@@ -891,6 +889,7 @@ def test_the_lm_learns_to_read_its_text(tmp_path):
     codes heard so far give at most the second frame of a character: ~0.55 of them). On strings
     never trained on, a 2-layer LM must reach 0.85 in 300 steps (0.93 measured): the text reaches
     the model where the engine puts it, and the recipe's model learns to align audio to it."""
+    from recipes.voice.codes import write_split
     from recipes.voice.lm import LMTrainer
 
     recipe = tiny_recipe()
@@ -909,10 +908,7 @@ def test_the_lm_learns_to_read_its_text(tmp_path):
     for name, n in (("train", 1500), ("heldout", 64)):
         texts = [phrase() for _ in range(n)]
         codes = [np.concatenate([table[letters.index(ch)] for ch in t], axis=1) for t in texts]
-        frames = [c.shape[1] for c in codes]
-        np.save(path / f"{name}.npy", np.concatenate(codes, axis=1).astype(np.int16))
-        (path / f"{name}.json").write_text(json.dumps({"text": texts, "frames": frames,
-                                                        "offset": np.concatenate([[0], np.cumsum(frames)[:-1]]).tolist()}))
+        write_split(path, name, np.concatenate(codes, axis=1), texts, [c.shape[1] for c in codes])
     trainer = LMTrainer(recipe, path, tmp_path / "work", "cpu", "c" * 64, log=lambda line: None)
     trainer.train(1e12, max_steps=300)
     first = trainer.history[-1]["heldout_stream_acc"][0]

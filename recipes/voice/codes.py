@@ -116,10 +116,7 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
         split = load_split(data_dir, name)
         with codes_in_float32():  # as speechctl computes codes
             codes, frames = encode_split(model, split, device)
-        np.save(out / f"{name}.npy", codes)
-        offsets = np.concatenate([[0], np.cumsum(frames)[:-1]]) if len(frames) else frames
-        (out / f"{name}.json").write_text(json.dumps(
-            {"text": split.text, "offset": offsets.tolist(), "frames": frames.tolist()}))
+        write_split(out, name, codes, split.text, frames)
         splits[name] = {"utterances": len(split), "frames": int(frames.sum()),
                         "codes_sha256": hashlib.sha256(codes.tobytes()).hexdigest()}
     manifest = {
@@ -137,6 +134,16 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
         log(f"codes: {splits['train']['frames']} train frames, {splits['heldout']['frames']} held out, "
             f"{manifest['seconds']} s")
     return manifest
+
+
+def write_split(out: Path, name: str, codes: np.ndarray, text: list[str], frames) -> None:
+    """One split in the layout ``load_codes`` reads: [K, F] codes back to back (int16), and each
+    utterance's text, frame offset and frame count."""
+    frames = np.asarray(frames, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(frames)[:-1]]) if len(frames) else frames
+    np.save(Path(out) / f"{name}.npy", np.asarray(codes).astype(np.int16))
+    (Path(out) / f"{name}.json").write_text(json.dumps(
+        {"text": list(text), "offset": offsets.tolist(), "frames": frames.tolist()}))
 
 
 def ensure(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256: str, log=print) -> dict:

@@ -106,7 +106,7 @@ class LiveSettings:
         max_top_k = max(ks) if ks and not self.unbounded[depth] else 0
         random = self.random[depth]
         if self.general_audio and depth and not random:
-            return GREEDY_SAMPLING  # a depth decoder's 31 codebooks, greedy: argmax alone
+            return dict(GREEDY_SAMPLING)  # a depth decoder's 31 codebooks, greedy: argmax alone
         if self.general_audio:
             return dict(GENERAL_SAMPLING, max_top_k=candidate_set(max_top_k))
         return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
