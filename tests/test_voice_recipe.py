@@ -749,6 +749,30 @@ def lm_parts(tmp_path_factory):
     return trainer, model_dir
 
 
+def test_attention_dropout_acts_in_training_only(tmp_path):
+    """``lm_train.attention_dropout`` reaches the model's attention while it trains (two forward
+    passes differ) and not its evaluation (they agree), nor the checkpoint it exports."""
+    from recipes.voice.lm import LMTrainer, stream_loss
+
+    recipe = tiny_recipe()
+    recipe.lm_train = replace(recipe.lm_train, attention_dropout=0.5)
+    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
+    sha = fake_codes(tmp_path / "codes", K, C, ITEMS)
+    trainer = LMTrainer(recipe, tmp_path / "codes", tmp_path / "work", "cpu", sha, log=lambda line: None)
+    assert trainer.model.config.attention_dropout == 0.5
+    ids, length = next(iter(trainer.heldout.epoch(10**6, 0, 0)))
+    batch = trainer.heldout.batch(torch.from_numpy(ids), length)
+
+    def loss() -> float:
+        with torch.no_grad():
+            return float(stream_loss(trainer.model, batch, trainer.allowed, trainer.stream_weights)[0])
+
+    assert loss() != loss()
+    trainer.model.eval()
+    assert loss() == loss()
+    assert json.loads((trainer.skeleton / "config.json").read_text()).get("attention_dropout", 0.0) == 0.0
+
+
 def test_an_lm_log_line_is_the_mean_of_the_steps_its_window_had(tmp_path):
     """As the codec's: a resumed run's first window is shorter than log_every, and its line is the
     mean loss of the steps it had, not their sum over log_every."""

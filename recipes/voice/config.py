@@ -162,6 +162,10 @@ class LMTrain:
     # Share of training sentences the LM reads as typed ("the quick brown fox" for "The quick
     # brown fox."): espeak-ng says both alike, and `speechctl tts "Hello world"` has no full stop.
     bare_text_share: float = 0.3
+    # Dropout on the attention weights while training (transformers' Llama ``attention_dropout``;
+    # evaluation and the exported model have none): the lever if new sentences alone do not
+    # close the gap between training and held-out loss (docs/voice/lm-progress.md).
+    attention_dropout: float = 0.0
     bf16: bool = True
     compile: bool = False  # torch.compile the loss (model included); eager is safe, batches are large
     log_every: int = 50

@@ -270,6 +270,7 @@ class LMTrainer:
         self.skeleton = skeleton(recipe, Path(work) / "skeleton")
         config = transformers.AutoConfig.from_pretrained(self.skeleton)
         self.layout = Layout.from_config(config)
+        config.attention_dropout = self.cfg.attention_dropout  # training only: the skeleton on disk keeps 0
         torch.manual_seed(self.cfg.seed)
         self.model = SpeechLM(config).to(self.device).train()
         train = load_codes(codes_dir, "train")
