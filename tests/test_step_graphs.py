@@ -48,3 +48,35 @@ def test_replay_equals_eager_and_padding_writes_only_scratch():
         torch.testing.assert_close(graphed_state[:scratch], eager_state[:scratch])
     assert graphs.captured == 3  # buckets 4, 2 and 8, each recorded once
     assert graphs.run(step(graphed_state), ("key",), 9, (torch.zeros(9, 8, device=device), torch.zeros(9, dtype=torch.int64, device=device)), (None, scratch)) is None
+
+
+def test_in_place_inputs_are_read_where_they_lie():
+    """An ``InPlace`` input is not copied: a replay reads what its buffer holds at that moment,
+    padding rows included (the caller keeps them fit: here the scratch slot), and a buffer
+    shorter than the bucket runs eagerly (None)."""
+    from cuda_stand_in import CpuGraphs
+
+    from speechctl.engine.runtime.graphs import InPlace
+
+    scratch = 9
+    state = torch.zeros(scratch + 1)
+    slots = torch.full((8,), scratch, dtype=torch.int64)  # a persistent buffer, like the row slots
+
+    def fn(x, slots):
+        state.index_put_((slots,), x[:, 0])
+        return (x[:, 0] * 2,)
+
+    graphs = CpuGraphs([2, 4, 8], torch.device("cpu"))
+    x = torch.arange(3.0)[:, None]
+    slots[:3] = torch.tensor([4, 1, 7])
+    (out,) = graphs.run(fn, "k", 3, (x, InPlace(slots)), (0.0, None))
+    assert out.tolist() == [0.0, 2.0, 4.0] and state[[4, 1, 7]].tolist() == [0.0, 1.0, 2.0]
+    slots[:3] = torch.tensor([2, 3, 5])  # the buffer changes between steps: the replay sees it
+    (out,) = graphs.run(fn, "k", 3, (x + 10, InPlace(slots)), (0.0, None))
+    assert CpuGraphs.replays >= 1 and out.tolist() == [20.0, 22.0, 24.0]
+    assert state[[2, 3, 5]].tolist() == [10.0, 11.0, 12.0] and state[[4, 1, 7]].tolist() == [0.0, 1.0, 2.0]
+    assert graphs.captured == 1
+    # shorter than the bucket: not recorded (checked when a graph is; its replays get the same buffer)
+    assert graphs.run(fn, "k2", 3, (x, InPlace(slots[:2])), (0.0, None)) is None
+    with pytest.raises(RuntimeError, match="moved"):
+        graphs.run(fn, "k", 3, (x, InPlace(slots.clone())), (0.0, None))

@@ -207,8 +207,51 @@ def _check_view(worker):
         and isinstance(view.positions(4), torch.Tensor)
         and view.query_start_loc(1).shape == (2,)
         and isinstance(view.num_reqs(), int)
+        and view.input_ids().shape[0] >= 4 and view.input_ids().data_ptr() == runner.input_ids.gpu.data_ptr()
         and runner.input_batch.logitsprocs_need_output_token_ids is False
+        and hasattr(runner._gather_mm_embeddings, "speechctl_inner")  # a multimodal model: the shim is on
     )
+
+
+def test_multimodal_items_are_gathered_from_prompt_positions_only():
+    """``gather_mm_only_in_prompts`` relies on vLLM's gathering walking each request's items
+    in its window of computed tokens (items are prompt positions) and on ``_preprocess``
+    taking ``(mm_embeds, is_mm_embed)`` from it; and on the input batch's counts."""
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    gather = inspect.getsource(GPUModelRunner._gather_mm_embeddings)
+    assert "for req_id in self.input_batch.req_ids" in gather and "req_state.num_computed_tokens" in gather
+    assert "mm_features" in gather and "return mm_embeds, is_mm_embed" in gather
+    params = list(inspect.signature(GPUModelRunner._gather_mm_embeddings).parameters)
+    assert params == ["self", "scheduler_output", "shift_computed_tokens"]
+    preprocess = inspect.getsource(GPUModelRunner._preprocess)
+    assert "mm_embeds, is_mm_embed = self._gather_mm_embeddings(scheduler_output)" in preprocess
+    init = inspect.getsource(InputBatch.__init__)
+    assert "self.num_computed_tokens_cpu" in init and "self.num_prompt_tokens" in init
+    assert "self.max_num_tokens" in inspect.getsource(GPUModelRunner.__init__)
+
+
+def test_decode_steps_skip_the_multimodal_walk():
+    """Past every prompt the shim answers for vLLM (nothing to gather); a request still in its
+    prompt, or a drafter's shifted call, goes to vLLM's own."""
+    import types
+
+    import numpy as np
+    import torch
+
+    calls = []
+    batch = types.SimpleNamespace(num_reqs=3, num_computed_tokens_cpu=np.array([40, 41, 12, 0]),
+                                  num_prompt_tokens=np.array([39, 39, 12, 99]))
+    runner = types.SimpleNamespace(input_batch=batch, max_num_tokens=64,
+                                   _gather_mm_embeddings=lambda out, shift=0: calls.append(shift) or (["x"], None))
+    vllm_compat.gather_mm_only_in_prompts(runner)
+    step = types.SimpleNamespace(total_num_scheduled_tokens=3)
+    embeds, mask = runner._gather_mm_embeddings(step)
+    assert embeds == [] and mask.dtype == torch.bool and mask.shape == (3,) and not mask.any() and calls == []
+    assert runner._gather_mm_embeddings(step, 1) == (["x"], None) and calls == [1]
+    batch.num_computed_tokens_cpu[1] = 30  # row 1 back in its prompt (a chunked prefill)
+    assert runner._gather_mm_embeddings(step) == (["x"], None) and calls == [1, 0]
 
 
 def test_llama_model_takes_a_layer_type():

@@ -9,8 +9,9 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   this module changes nothing): the V1 runner, an in-process engine, TP workers spawned on CUDA,
   CPU cores split between TP ranks, vLLM's cached environment re-read.
 * ``StepView`` / ``attach_runtime`` / ``call_runtime``: the V1 runner's per-step buffers (query
-  start locations, positions) the model reads before the forward; wiring the model's stream
-  runtime to them and to the ``StreamTracker`` logits processor inside the runner.
+  start locations, positions, token ids) the model reads before the forward; wiring the model's
+  stream runtime to them and to the ``StreamTracker`` logits processor inside the runner;
+  ``gather_mm_only_in_prompts`` (no per-request walk for multimodal items on decode steps).
 * ``step_graph_sizes`` / ``cudagraph_batch_sizes``: vLLM's capture sizes, none under TP.
 * ``CodesProcessorHooks`` / ``CodesDummyHooks`` / ``token_processor_inputs``: multimodal
   processor hooks whose names changed between 0.26 and 0.32 (audio arrives as codec codes).
@@ -304,6 +305,40 @@ class StepView:
     def positions(self, num_tokens: int):
         return self._runner.positions[:num_tokens]
 
+    def input_ids(self):
+        """The runner's whole persistent buffer of scheduled token ids (a step embeds a prefix)."""
+        return self._runner.input_ids.gpu
+
+
+def gather_mm_only_in_prompts(runner) -> None:
+    """Skip vLLM's per-step gathering of multimodal embeddings on steps that can have none.
+
+    A multimodal model's runner calls ``_gather_mm_embeddings`` every step (0.26 and 0.32:
+    ``GPUModelRunner._preprocess``); it allocates a pinned mask and walks every request of the
+    batch in Python, which at 64 decoding requests is host time the step waits for (the c=64
+    step is host-bound). Multimodal items are prompt positions, so a step whose every request
+    has computed its whole prompt gathers nothing: there the mask is all False and no
+    embeddings come back, and this wrapper (on the runner instance) returns exactly that
+    without the walk. Any other step, and any drafter call, takes vLLM's own. (Models with
+    M-RoPE sync positions inside the walk: left alone.)"""
+    import torch
+
+    if getattr(runner, "uses_mrope", False):
+        return
+
+    inner = runner._gather_mm_embeddings
+    batch = runner.input_batch
+    no_mm = torch.zeros(runner.max_num_tokens, dtype=torch.bool)
+
+    def gather(scheduler_output, shift_computed_tokens: int = 0):
+        n = batch.num_reqs
+        if shift_computed_tokens or not (batch.num_computed_tokens_cpu[:n] >= batch.num_prompt_tokens[:n]).all():
+            return inner(scheduler_output, shift_computed_tokens)
+        return [], no_mm[: scheduler_output.total_num_scheduled_tokens]
+
+    gather.speechctl_inner = inner
+    runner._gather_mm_embeddings = gather
+
 
 def worker_runner(worker):
     """The V1 model runner of a worker (``collective_rpc`` hands over a wrapper in some
@@ -333,6 +368,8 @@ def attach_runtime(worker) -> int:
         raise RuntimeError(f"expected one StreamTracker logits processor, found {len(trackers)}")
     runtime.view = StepView(runner)
     trackers[0].runtime = runtime
+    if runner.supports_mm_inputs and not hasattr(runner._gather_mm_embeddings, "speechctl_inner"):
+        gather_mm_only_in_prompts(runner)
     # vLLM assumes a custom logits processor reads the batch's output token ids and keeps them per
     # step: with async scheduling (GPU) that means waiting for the previous step's sampled ids and
     # a Python loop over every request, each step. StreamTracker reads none (only who sits where).

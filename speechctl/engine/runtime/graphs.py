@@ -8,7 +8,10 @@ GPU (docs/benchmarks/cfg.md). ``StepGraphs`` records such a function once per ba
 (and per host-side setting that changes its code path) and replays it: one launch per step.
 
 Inputs are copied into static buffers of the bucket's size; rows past the live ones carry
-padding values chosen by the caller (the runtime's scratch slot, whose writes go nowhere). The
+padding values chosen by the caller (the runtime's scratch slot, whose writes go nowhere). An
+input that already lies in a persistent buffer (vLLM's token ids and positions, the runtime's
+row slots) is read there instead (``InPlace``): a copy is one more launch of the step's host
+time, which is what bounds a step at large batches. The
 recorded function may read and write any persistent device buffer (the runtime's slot table);
 it must not sync the host or branch on device values. Outputs are views into the graph's
 memory, valid until the next replay of any graph of the same ``StepGraphs``.
@@ -20,6 +23,7 @@ import bisect
 import os
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -58,6 +62,15 @@ def step_graphs_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("SPEECHCTL_STEP_GRAPHS", "1") != "0"
 
 
+class InPlace(NamedTuple):
+    """A graph input read where it lies: the step's rows are the first rows of ``buffer``, a
+    persistent tensor, and the graph reads ``buffer[:bucket]`` directly. Whoever passes one
+    keeps the rows past the live ones fit to read (their pad does not apply) and passes the same
+    buffer every time."""
+
+    buffer: torch.Tensor
+
+
 @dataclass
 class _Entry:
     graph: object  # torch.cuda.CUDAGraph (a stand-in's own record on the CPU)
@@ -92,17 +105,25 @@ class StepGraphs:
     ) -> tuple[torch.Tensor, ...] | None:
         """fn(*inputs padded to the bucket) -> outputs[:rows], or None when ``rows`` has no bucket
         (the caller runs ``fn`` eagerly). ``pads[i]``: the value of padding rows of input i
-        (None: any finite leftover is fine, nothing is written)."""
+        (None: any finite leftover is fine, nothing is written); an ``InPlace`` input is read
+        from its buffer (no pad)."""
         size = self.bucket(rows)
         if size is None:
             return None
         entry = self._entries.get((size, key))
         fresh = entry is None
         if fresh:
-            static = [torch.zeros((size,) + tuple(x.shape[1:]), dtype=x.dtype, device=self.device) for x in inputs]
+            if any(isinstance(x, InPlace) and x.buffer.shape[0] < size for x in inputs):
+                return None  # (checked once: a replay's buffer is the recorded one, see below)
+            static = [x.buffer[:size] if isinstance(x, InPlace) else
+                      torch.zeros((size,) + tuple(x.shape[1:]), dtype=x.dtype, device=self.device) for x in inputs]
         else:
             static = entry.inputs
         for buf, x, pad in zip(static, inputs, pads):
+            if isinstance(x, InPlace):
+                if x.buffer.data_ptr() != buf.data_ptr():
+                    raise RuntimeError("speechctl: a per-step graph's in-place input moved to another buffer")
+                continue
             buf[:rows].copy_(x, non_blocking=True)
             if pad is not None and rows < size:
                 buf[rows:].fill_(pad)

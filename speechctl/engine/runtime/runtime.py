@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from speechctl.engine.runtime.graphs import StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
+from speechctl.engine.runtime.graphs import InPlace, StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
 from speechctl.engine.runtime.guidance import find_pairs, guide, pair_primary
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.repetition import redraw_repeats
@@ -75,21 +75,24 @@ class StreamRuntime:
         token per row) replays it with the input gathering as one CUDA graph; other steps
         (prefill chunks, prompt audio: ``graphable=False``) run eagerly."""
         n = input_ids.shape[0]
-        if graphable and self.input_graphs is not None and self.view is not None and self.view.num_reqs() == n:
-            slots, pos = self.table.row_slots[:n], self.view.positions(n)
-            out = self.graphed_embed(embed, input_ids, pos, slots)
+        if (graphable and self.input_graphs is not None and self.view is not None and self.view.num_reqs() == n
+                and input_ids.data_ptr() == self.view.input_ids().data_ptr()):
+            out = self.graphed_embed(embed, n)
             if out is not None:
-                self.rows = ScheduledRows(n, slots, pos)
+                self.rows = ScheduledRows(n, self.table.row_slots[:n], self.view.positions(n))
                 return out
         return embed(input_ids, self.input_streams(input_ids))
 
-    def graphed_embed(self, embed, input_ids, pos, slots):
-        """``embed`` of one token per row, replayed from the input graph of its bucket (None: no
-        bucket holds this many rows)."""
+    def graphed_embed(self, embed, n: int):
+        """``embed`` of one token per row for the first ``n`` rows, replayed from the input graph
+        of its bucket (None: no bucket holds this many rows). The graph reads the step where it
+        lies: vLLM's token ids and positions, the runtime's row slots (padding rows: vLLM's
+        leftovers, in the scratch slot)."""
         def step(ids, pos, slots):
             return (embed(ids, inputs_at(self.table, self.spec, ids, pos, slots)),)
 
-        out = self.input_graphs.run(step, None, input_ids.shape[0], (input_ids, pos, slots), (0, 0, self.table.scratch))
+        buffers = (self.view.input_ids(), self.view.positions(None), self.table.row_slots)
+        out = self.input_graphs.run(step, None, n, tuple(map(InPlace, buffers)), (None, None, None))
         return None if out is None else out[0]
 
     @torch.profiler.record_function("speechctl.input_streams")
@@ -240,6 +243,8 @@ class StreamRuntime:
                 self.rows = ScheduledRows(slots.shape[0], slots, last_pos)
                 return (heads(hidden),)
 
+            # (The slots are copied too, though they lie in the row slots already: read in place,
+            # as a view of that buffer, the compiled sampling step recompiled for every bucket.)
             inputs = (hidden_states, rows.slots, rows.last_pos)
             out = graphs.run(run, self.table.settings.graph_key(), rows.num_rows, inputs, (None, self.table.scratch, 0))
         if out is None:  # no graphs, or more rows than the largest bucket
@@ -255,7 +260,7 @@ class StreamRuntime:
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
             self.input_graphs, self.logits_graphs = self._graphs
-            self.table.readback.reserve_rows(max(sizes))
+            self.table.reserve_rows(max(sizes))
 
     def set_step_graphs(self, enabled: bool) -> bool:
         """Switch the per-step graphs off (eager, for comparison) or back on; returns whether

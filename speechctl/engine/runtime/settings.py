@@ -70,6 +70,7 @@ class LiveSettings:
     by them (``depth_decoder``)."""
 
     def __init__(self, general_audio: bool = False, depth_decoder: bool = False):
+        self._derived: dict = {}  # sampling_flags and graph_key, derived again after any change
         self.general_audio = general_audio
         self.depth_decoder = depth_decoder  # the model samples depth codebooks (CSM): they key its graphs
         self.live = 0
@@ -82,7 +83,16 @@ class LiveSettings:
         self.cfg_filter = 0  # pair members using Dia's CFG top-k filter
         self.text_random = 0  # pair members sampling text at temperature > 0
 
+    def __setattr__(self, name, value):
+        # The per-step work asks for the flags and the graph key every step, and they change
+        # only when the counts do: derive them once per change (host time is the c=64 step's
+        # bottleneck), whether the change comes from ``count`` or a field set outright.
+        if name != "_derived":
+            self._derived = {}
+        super().__setattr__(name, value)
+
     def count(self, params: StreamParams, sign: int) -> None:
+        self._derived = {}
         self.live += sign
         for deep, sampling in ((False, params.audio), (True, params.depth or params.audio)):
             self.random[deep] += sign * (sampling.temperature > 0)
@@ -102,6 +112,12 @@ class LiveSettings:
         a full sort, if one samples without a top-k: it may draw any token), whether some
         filters by top-p. The general path (on CUDA) takes the smallest ``CANDIDATE_SETS`` entry
         that holds them."""
+        flags = self._derived.get(depth)
+        if flags is None:
+            flags = self._derived[depth] = self._sampling_flags(depth)
+        return dict(flags)
+
+    def _sampling_flags(self, depth: bool) -> dict:
         ks = [k for k, n in self.top_ks[depth].items() if n > 0]
         max_top_k = max(ks) if ks and not self.unbounded[depth] else 0
         random = self.random[depth]
@@ -115,6 +131,12 @@ class LiveSettings:
     def graph_key(self) -> tuple:
         """Every host-side fact that changes which kernels the per-step work runs (the depth
         codebooks' only where the model has a depth decoder)."""
+        key = self._derived.get("key")
+        if key is None:
+            key = self._derived["key"] = self._graph_key()
+        return key
+
+    def _graph_key(self) -> tuple:
         depth = self.sampling_flags(depth=True).values() if self.depth_decoder else ()
         return (*self.sampling_flags().values(), self.paired > 0, self.cfg_filter > 0, self.text_random > 0,
                 self.repetition > 0, *depth)

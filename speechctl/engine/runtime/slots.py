@@ -130,10 +130,21 @@ class SlotTable:
                 rows[m.src], rows[m.dst] = rows[m.dst], rows[m.src]
             else:
                 rows[m.dst], rows[m.src] = rows[m.src], self.scratch
-        self.row_slots[:batch_size].copy_(self._staged(rows[:batch_size]), non_blocking=True)
+        # All rows, not the batch's alone: the per-step graphs read the rows past the batch too
+        # (a bucket's padding, ``InPlace``), and there they must name the scratch slot.
+        self.row_slots.copy_(self._staged(rows), non_blocking=True)
         if claimed:
             self._initialise(claimed)
             self._link_partners([a.params for _, a in claimed if a.params.partner is not None])
+
+    def reserve_rows(self, rows: int) -> None:
+        """Row slots for batches of ``rows`` rows: a per-step graph reads its whole bucket of
+        them, and vLLM's largest bucket goes past ``max_num_seqs``. Before the first request."""
+        if rows > self.row_slots_host.shape[0]:
+            assert not self.slots, "the row slots grow only before the first request"
+            self.row_slots_host = np.full(rows, self.scratch, dtype=np.int64)
+            self.row_slots = torch.full((rows,), self.scratch, dtype=torch.int64, device=self.device)
+        self.readback.reserve_rows(rows)
 
     def _claim(self, params: StreamParams) -> int:
         if not self._free:

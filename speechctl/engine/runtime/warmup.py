@@ -35,11 +35,13 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
     table, device = runtime.table, runtime.device
     live = table.settings
     pairings = [(False, False)] + ([(True, False)] if guidance else []) + ([(True, True)] if guidance and cfg_filter else [])
+    if table.slots:
+        raise RuntimeError("speechctl: per-step graphs are recorded before the first request")
     for size in graphs.sizes:
-        slots = torch.full((size,), table.scratch, dtype=torch.int64, device=device)
+        slots = table.row_slots[:size]  # all in the scratch slot: no request is live yet
         zeros = torch.zeros(size, dtype=torch.int64, device=device)
         if embed is not None:
-            runtime.graphed_embed(embed, zeros, zeros, slots)
+            runtime.graphed_embed(embed, size)
         hidden = torch.zeros(size, hidden_size, dtype=dtype, device=device)
         for paired, filtered in pairings:
             for ras in (False, True) if repetition else (False,):
