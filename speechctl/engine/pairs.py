@@ -30,6 +30,7 @@ import logging
 import os
 
 from speechctl.engine import vllm_compat
+from speechctl.engine.pair_room import PairRoom
 from speechctl.engine.params import EXTRA_ARGS_KEY
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,7 @@ class PairScheduling:
         # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
         # unpaired steps call vLLM's directly: no extra frames per request)
         self._allocation = vllm_compat.KvAllocation(self)
-        self._kv_groups = vllm_compat.kv_groups(self)  # (block size, cross-attention?) per KV group
-        self._decoder_groups = sum(not cross for _, cross in self._kv_groups)
+        self._room = PairRoom(self)
         self._paired_allocate = lambda request, *a, **kw: self._allocate(request, a, kw)
         # Prefix-cache only prompt blocks. A generated block's KV depends on the auxiliary tokens
         # the model sampled, which vLLM's block hashes do not cover: two requests with the same
@@ -161,7 +161,8 @@ class PairScheduling:
         partner = self.requests.get(self._pair_of[rid])
         if partner is None or partner.request_id in step["preempted"]:
             return None  # vLLM then preempts this member too (or leaves it waiting)
-        if partner.request_id not in step["scheduled"] and not self._room_for_both(request, partner, call, step["budget"]):
+        if partner.request_id not in step["scheduled"] and not self._room.fits(request, partner, call, step["budget"],
+                                                                               step["encoder"]):
             return None
         blocks = self._allocation.allocate(request, *args, **kwargs)
         if blocks is not None:
@@ -169,56 +170,6 @@ class PairScheduling:
             step["budget"] -= call["num_new_tokens"]
             step["encoder"] += call.get("num_encoder_tokens", 0)
         return blocks
-
-    def _room_for_both(self, request, partner, call, budget) -> bool:
-        num_new = call["num_new_tokens"]
-        hits = call.get("num_new_computed_tokens", 0) + call.get("num_external_computed_tokens", 0)
-        free = vllm_compat.free_kv_blocks(self)
-        if vllm_compat.is_running(request):
-            partner_new = vllm_compat.uncomputed_tokens(partner)
-            if num_new == 1 and partner_new == 1 and budget >= 2 and free >= 2 * self._decoder_groups:
-                # A decode step: each member needs at most one new block per group (the common
-                # case, so skip counting the blocks they hold).
-                return True
-            self_blocks = self._new_blocks(request, request.num_computed_tokens + num_new)
-        else:
-            if hits + num_new < request.num_tokens:
-                return False  # a pair's prefill is never split
-            if len(self.running) + 2 > vllm_compat.max_running_requests(self):
-                return False
-            if not self._encoders_fit(request, partner, call):
-                return False
-            partner_new = partner.num_tokens - partner.num_computed_tokens
-            self_blocks = self._new_blocks(request, request.num_tokens)
-        if budget - num_new < partner_new:
-            return False
-        partner_blocks = self._new_blocks(partner, partner.num_computed_tokens + partner_new)
-        return self_blocks + partner_blocks <= free
-
-    def _encoders_fit(self, request, partner, call) -> bool:
-        """Whether an encoder-decoder pair's two encoder inputs both run in this step: this
-        member's (already counted by vLLM, ``num_encoder_tokens``) and its partner's, within the
-        step's encoder budget and the encoder cache."""
-        mine = call.get("num_encoder_tokens", 0)
-        theirs = vllm_compat.encoder_kv_tokens(self, partner)
-        if not mine and not theirs:
-            return True
-        budget, free = vllm_compat.encoder_capacity(self)
-        return self._step["encoder"] + mine + theirs <= budget and mine + theirs <= free
-
-    def _new_blocks(self, request, num_tokens: int) -> int:
-        """Blocks a request lacks to hold ``num_tokens`` (0 if it has them), over its KV cache
-        groups: its (self-)attention groups, and an encoder-decoder request's cross-attention
-        group, which holds its encoder positions from the step it starts in."""
-        running = vllm_compat.is_running(request)
-        total = 0
-        for group, (size, cross) in enumerate(self._kv_groups):
-            if cross:
-                total += 0 if running else -(-vllm_compat.encoder_kv_tokens(self, request) // size)
-            else:
-                held = vllm_compat.held_kv_blocks(self, request, group) if running else 0
-                total += max(0, -(-num_tokens // size) - held)
-        return total
 
     def _preempt_request(self, request, *args, **kwargs):
         if self._step is not None:

@@ -5,8 +5,9 @@ A model owns one runtime (``StreamModel`` builds it). Each engine step is, in or
     admit    which request sits in which batch row (``StreamTracker``, before the forward)
     inputs   the auxiliary tokens of every scheduled position -> embeddings (``embed_inputs``)
     forward  vLLM's backbone, in its CUDA graphs
-    sample   heads -> auxiliary tokens under the rules, CFG merged, repeats redrawn (``sample``)
-    record   the tokens of rows whose sample is real, into the slot table
+    sample   heads -> auxiliary tokens under the rules, CFG merged, repeats redrawn (``sample``,
+             the work itself in ``frame.py``)
+    record   the tokens of rows whose sample is real, into the slot table (``frame.py``)
 
 Between ``inputs`` and ``sample`` the runtime holds ``rows``: which slot each row of the step is
 and where its last scheduled token lies (vLLM calls the two phases separately). No phase loops
@@ -21,11 +22,10 @@ import numpy as np
 import torch
 
 from speechctl.engine.runtime.graphs import InPlace, StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
-from speechctl.engine.runtime.guidance import find_pairs, guide, pair_primary
+from speechctl.engine.runtime.frame import sample_frame
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
-from speechctl.engine.runtime.repetition import redraw_repeats
 from speechctl.engine.runtime.rules import FrameRules
-from speechctl.engine.runtime.sampling import frame_sampler, sample_streams
+from speechctl.engine.runtime.sampling import frame_sampler
 from speechctl.engine.runtime.slots import Admitted, Moved, SlotTable
 from speechctl.engine.streams import StreamSpec
 
@@ -163,49 +163,10 @@ class StreamRuntime:
                                  **settings.sampling_flags())
 
     def _sample_step(self, logits, aux_logits, given, slots, last_pos, paired, cfg_filter, text_random, repetition, **flags):
-        """The sampling work as one function of tensors, host facts as arguments (``paired``, ...,
-        the ``LiveSettings.sampling_flags``), so that on CUDA it compiles into a few fused kernels."""
-        table, rules = self.table, self.rules
-        step = rules.locate(table, slots, last_pos)
-        lead_in = None if table.lead_in is None else table.lead_in[slots, step.a.clamp(0, table.lead_in.shape[1] - 1)]
-        forced = rules.forced(step, table.max_frames[slots], lead_in)
-        pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
-        if given is None:
-            aux_logits = aux_logits.float()
-            raw = aux_logits.clone() if repetition else None  # RAS redraws from the model's own logits
-            if pairing is not None:
-                logits, aux_logits = guide(table, pairing, slots, logits, aux_logits, cfg_filter)
-            aux_logits = rules.restrict(aux_logits, step, table.min_frames[slots])
-            tokens = sample_streams(aux_logits, *table.audio.at(slots), table.seed[slots], step.g_next, **flags)
-            if repetition:
-                tokens = redraw_repeats(table, slots, step.g_next, tokens, raw, self.pattern.codebook_size)
-            if pairing is not None:
-                tokens = tokens[pairing.source]  # the unconditional row takes its partner's tokens
-        else:
-            tokens = given.to(torch.int64)
-        tokens = torch.where(forced >= 0, forced, tokens)
-        frames = rules.frames_after(step, tokens)
-        self._record(slots, step.g_next, step.real, tokens, frames)
-        logits = rules.primary_logits(step, logits, tokens, frames, table.allow_audio[slots])
-        if pairing is not None:
-            logits = pair_primary(table, pairing, slots, step.g_next, logits, text_random)
-        return logits
-
-    def _record(self, slots, g_next, real, tokens, frames) -> None:
-        """Write the tokens [R, K] and the audio's frame count of the rows whose sample is real,
-        and the step's record for the host (readback.py)."""
-        table = self.table
-        w_slot = torch.where(real, slots, table.scratch)
-        table.gen_aux[w_slot, g_next.clamp(0, table.max_len)] = tokens.to(torch.int32)
-        table.n_gen.index_put_((w_slot,), g_next + 1)
-        table.frames.index_put_((w_slot,), frames)
-        K, R = tokens.shape[1], tokens.shape[0]
-        record = table.readback.record
-        record[:R, :K] = tokens
-        record[:R, K] = slots
-        record[:R, K + 1] = g_next
-        record[:R, K + 2] = real.to(torch.int64) | (table.desync[slots] << 1)
-        record[:R, K + 3] = table.epoch[slots]
+        """The sampling work as one function of tensors (``frame.sample_frame``), host facts as
+        arguments, so that on CUDA it compiles into a few fused kernels."""
+        return sample_frame(self.table, self.rules, logits, aux_logits, given, slots, last_pos, paired=paired,
+                            cfg_filter=cfg_filter, text_random=text_random, repetition=repetition, **flags)
 
     def sample_codebook(self, logits: torch.Tensor, stream: int, depth: bool = False) -> torch.Tensor:
         """[R, V] logits of codebook ``stream`` for this step's rows -> [R] tokens (see
