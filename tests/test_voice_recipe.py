@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recipes.voice import checkpoint, text  # noqa: E402
-from recipes.voice.config import DataConfig, preset  # noqa: E402
+from recipes.voice.config import ConfigError, DataConfig, preset  # noqa: E402
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -56,11 +56,36 @@ def test_corpus_is_deterministic_and_holds_out_its_test_sentences():
     assert other.train != a.train  # the made-up sentences follow the seed
 
 
-@pytest.mark.skipif(not Path("/usr/share/dictd/devil.dict.dz").is_file() or not Path("/usr/share/dict/words").is_file(),
-                    reason="Debian's dict-devil and wamerican are not installed")
+def test_wordnet_adds_natural_sentences_and_leaves_the_held_out_set_alone():
+    """``data.natural`` with WordNet: its sentences come after the Devil's Dictionary's, none of
+    them is a held-out one, and the held-out set is the same as without it (losses stay
+    comparable across the voice's runs)."""
+    config = DataConfig(hours=8.0)
+    devil = text.make_corpus(config)
+    both = text.make_corpus(replace(config, natural=["devil", "wordnet"]))
+    assert both.heldout == devil.heldout
+    assert both.natural > devil.natural
+    assert both.train[: devil.natural] == devil.train[: devil.natural]
+    wordnet = set(text.source_sentences("wordnet"))
+    assert set(both.train[devil.natural: both.natural]) <= wordnet
+    assert not {text.normalize(s) for s in both.heldout} & {text.normalize(s) for s in both.train}
+    for bad in (["wordnet"], ["devil", "gutenberg"]):
+        with pytest.raises(ConfigError, match="data.natural"):
+            replace(config, natural=bad).validate()
+    from recipes.voice.stages import apply_sets
+
+    for value in ("devil,wordnet", '["devil","wordnet"]'):  # as gpu.sh's VOICE_SET passes it
+        assert apply_sets(preset("full"), [f"data.natural={value}"]).data.natural == ["devil", "wordnet"]
+
+
+@pytest.mark.skipif(not all(Path(p).exists() for p in ("/usr/share/dictd/devil.dict.dz", "/usr/share/dict/words",
+                                                         "/usr/share/wordnet/data.noun")),
+                    reason="Debian's dict-devil, wamerican and wordnet-base are not installed")
 def test_committed_text_is_what_the_debian_packages_give(tmp_path):
-    text.build_sources(out=tmp_path)
-    for name in ("devil.txt", "words.txt"):
+    from recipes.voice.text_sources import build_sources
+
+    build_sources(out=tmp_path)
+    for name in ("devil.txt", "words.txt", "wordnet.txt"):
         assert (tmp_path / name).read_bytes() == (text.TEXT_DIR / name).read_bytes()
 
 

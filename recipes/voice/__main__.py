@@ -112,7 +112,7 @@ def main(argv=None) -> None:
     q = sub.add_parser("trim-espeak", help="the carried espeak-ng bundle with English alone (espeak_bundle.py), checked")
     q.add_argument("bundle", type=Path, nargs="?", default=Path(".gpu/espeak"))
     q.add_argument("--sentences", type=int, default=300, help="of the corpus, spoken with both data directories")
-    sub.add_parser("text-sources", help="rebuild text/devil.txt and text/words.txt from Debian's packages")
+    sub.add_parser("text-sources", help="rebuild text/devil.txt, words.txt and wordnet.txt from Debian's packages")
 
     args = p.parse_args(argv)
     if args.command == "stage":
@@ -212,7 +212,7 @@ def main(argv=None) -> None:
         print(f"{args.bundle}: espeak-ng-data {before / 1e6:.2f} -> {after / 1e6:.2f} MB; "
               f"{len(sentences)} sentences of the corpus spoken byte for byte as with the full data")
     elif args.command == "text-sources":
-        from recipes.voice.text import build_sources
+        from recipes.voice.text_sources import build_sources
 
         print(json.dumps(build_sources(), indent=2))
     else:  # pragma: no cover

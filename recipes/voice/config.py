@@ -12,6 +12,9 @@ class ConfigError(ValueError):
     pass
 
 
+NATURAL_TEXT = ("devil", "wordnet")  # recipes/voice/text/NAME.txt, built by text_sources.py
+
+
 @dataclass
 class DataConfig:
     """Speech synthesized by espeak-ng from the committed text (``recipes/voice/text/``)."""
@@ -28,10 +31,18 @@ class DataConfig:
     wordlist_share: float = 0.3
     max_silence_s: float = 0.1  # leading/trailing silence kept at most
     seed: int = 0
+    # The natural text read before any made-up sentence (``NATURAL_TEXT``, ``text/NAME.txt``):
+    # "devil" (the held-out sentences come from it, whatever this says), "wordnet" (42,011 modern
+    # example phrases, ~24 h). The voice's models so far read "devil" alone
+    # (docs/voice/lm-progress.md).
+    natural: list[str] = field(default_factory=lambda: ["devil"])
 
     def validate(self):
         if self.hours <= 0 or not 0 <= self.wordlist_share <= 1 or self.heldout < 0:
             raise ConfigError(f"bad data settings: {self}")
+        if any(name not in NATURAL_TEXT for name in self.natural) or "devil" not in self.natural:
+            raise ConfigError(f"data.natural {self.natural}: the sources are {list(NATURAL_TEXT)}, "
+                              "devil among them (the held-out sentences are its)")
 
 
 @dataclass

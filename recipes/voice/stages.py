@@ -59,18 +59,27 @@ def default_device() -> str:
 
 
 def apply_sets(recipe: Recipe, sets: list[str]) -> Recipe:
-    """``section.field=value`` overrides (JSON values: 512, [0, 1, 2], true, "en-gb")."""
+    """``section.field=value`` overrides (JSON values: 512, [0, 1, 2], true, "en-gb"; a list
+    setting also takes its items between commas, ``data.natural=devil,wordnet``: no brackets or
+    quotes for a shell to glob or strip)."""
     data = recipe.to_dict()
     for item in sets or []:
         key, _, value = item.partition("=")
         section, _, name = key.partition(".")
         if section not in data or not isinstance(data[section], dict) or name not in data[section]:
             raise ConfigError(f"--set {item}: no setting {key}")
-        try:
-            data[section][name] = json.loads(value)
-        except ValueError:
-            data[section][name] = value
+        parsed = _json_or_text(value)
+        if isinstance(data[section][name], list) and not isinstance(parsed, list):
+            parsed = [_json_or_text(part) for part in value.split(",")]
+        data[section][name] = parsed
     return Recipe.from_dict(data)
+
+
+def _json_or_text(value: str):
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def stage_started() -> float:

@@ -4,11 +4,15 @@ Sources (committed under ``text/``, so the GPU machine needs no network; ``SOURC
 the licences):
 
 * ``devil.txt``: the sentences of Ambrose Bierce's *The Devil's Dictionary* (1911; public domain,
-  copyright expired), one per line, cut from Debian's ``dict-devil`` package by ``build_sources``.
+  copyright expired), one per line, cut from Debian's ``dict-devil`` package.
 * ``words.txt``: plain lower-case words of SCOWL's American English list (Debian's ``wamerican``;
   permissive licence, its notice in ``words.COPYRIGHT``).
+* ``wordnet.txt``: the example phrases of WordNet 3.0's glosses in sentence form ("The captain
+  ported the ship at night."; Princeton's permissive licence, in ``wordnet.COPYRIGHT``), read
+  where ``DataConfig.natural`` names it.
 
-The training text is the source sentences not held out, plus made-up sentences until the estimated
+``text_sources.py`` builds the three files. The training text is the source sentences not held
+out (the Devil's Dictionary's, then WordNet's where named), plus made-up sentences until the estimated
 audio reaches ``DataConfig.hours``: sentences of a word-bigram chain fitted to the training
 sentences (natural local word order, new combinations), and sentences of random word-list words
 (every spelling of the language, some numbers), all drawn from a seeded generator. Every made-up
@@ -17,7 +21,6 @@ sentence that normalizes to a held-out one is dropped, so the held-out set stays
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import re
 from dataclasses import dataclass
@@ -77,8 +80,9 @@ def estimated_seconds(text: str) -> float:
     return len(text) / CHARS_PER_SECOND
 
 
-def source_sentences() -> list[str]:
-    return (TEXT_DIR / "devil.txt").read_text().splitlines()
+def source_sentences(name: str = "devil") -> list[str]:
+    """The sentences of a natural source (``config.NATURAL_TEXT``), in its order."""
+    return (TEXT_DIR / f"{name}.txt").read_text().splitlines()
 
 
 def word_list() -> list[str]:
@@ -87,19 +91,21 @@ def word_list() -> list[str]:
 
 def make_corpus(config: DataConfig) -> Corpus:
     config.validate()
-    natural = [s for s in source_sentences() if len(s) <= config.max_chars]
+    devil = [s for s in source_sentences("devil") if len(s) <= config.max_chars]
     fixed = {normalize(s) for s in FIXED_HELDOUT}
-    # Held out: the fixed sentences and the natural ones with the smallest hashes (of at least
-    # five words, so that they test reading rather than single words): the choice does not depend
-    # on the file's order or on the other settings.
+    # Held out: the fixed sentences and the Devil's Dictionary's with the smallest hashes (of at
+    # least five words, so that they test reading rather than single words): the choice does not
+    # depend on the file's order or on the other settings (the other sources included).
     candidates = sorted(
-        (s for s in natural if len(s.split()) >= 5 and normalize(s) not in fixed),
+        (s for s in devil if len(s.split()) >= 5 and normalize(s) not in fixed),
         key=lambda s: hashlib.sha256(normalize(s).encode()).hexdigest(),
     )
     heldout = list(FIXED_HELDOUT) + candidates[: config.heldout]
     banned = {normalize(s) for s in heldout}
+    natural = devil + [s for name in config.natural if name != "devil" for s in source_sentences(name)
+                       if len(s) <= config.max_chars]
     train, budget = [], config.hours * 3600
-    for s in _dedupe(s for s in natural if normalize(s) not in banned):  # in the book's order
+    for s in _dedupe(s for s in natural if normalize(s) not in banned):  # in the sources' own order
         if budget <= 0:
             break
         train.append(s)
@@ -177,85 +183,3 @@ def _word_sentence(rng, words: list[str]) -> str:
     text = " ".join(picked)
     end = "." if rng.random() < 0.8 else ("?" if rng.random() < 0.6 else "!")
     return text[0].upper() + text[1:] + end
-
-
-# -- building the committed files from Debian's packages (run by a maintainer, once) ------------
-
-
-def build_sources(devil_dict: Path = Path("/usr/share/dictd/devil.dict.dz"),
-                  words_file: Path = Path("/usr/share/dict/words"), out: Path = TEXT_DIR) -> dict:
-    """Write ``devil.txt`` and ``words.txt`` from Debian's ``dict-devil`` and ``wamerican``
-    (``apt-get install dict-devil wamerican``); returns their sizes and hashes."""
-    out.mkdir(parents=True, exist_ok=True)
-    with gzip.open(devil_dict, "rt", encoding="latin-1") as f:  # dictzip is gzip
-        raw = f.read()
-    sentences = _dedupe(devil_sentences(raw))
-    (out / "devil.txt").write_text("\n".join(sentences) + "\n")
-    words = sorted({w for w in words_file.read_text(encoding="utf-8").split() if re.fullmatch(r"[a-z]{2,14}", w)})
-    (out / "words.txt").write_text("\n".join(words) + "\n")
-    return {
-        name: {"lines": len(items), "sha256": hashlib.sha256((out / name).read_bytes()).hexdigest()}
-        for name, items in (("devil.txt", sentences), ("words.txt", words))
-    }
-
-
-_HEADWORD = re.compile(r"^([A-Z][A-Z'\- ]*[A-Z]),\s+((?:[a-z]{1,6}\.\s?)+)\s*")
-
-
-def devil_sentences(raw: str) -> list[str]:
-    """The dictionary's text (from the preface on) as sentences: each headword alone ("Absolute."),
-    then its definition, quotations and verse split into sentences; attributions, etymologies in
-    brackets and italics marks are dropped."""
-    start = raw.index("PREFACE")
-    paragraphs = re.split(r"\n\s*\n", raw[start + len("PREFACE"):])
-    out = []
-    for para in paragraphs:
-        lines = [ln for ln in para.split("\n") if ln.strip() and len(ln) - len(ln.lstrip()) < 30]
-        if not lines:
-            continue
-        text = " ".join(ln.strip() for ln in lines)
-        m = _HEADWORD.match(text)
-        if m:
-            out.append(m.group(1).strip().capitalize() + ".")
-            text = text[m.end():]
-        for sentence in _split_sentences(_tidy(text)):
-            # Long ones come apart at semicolons into clauses that stand alone.
-            parts = re.split(r"(?<=;) ", sentence) if len(sentence) > 160 else [sentence]
-            out.extend(s for s in map(_clean, parts) if s)
-    return out
-
-
-def _tidy(text: str) -> str:
-    text = re.sub(r"\[[^\]]*\]", " ", text)  # etymologies, editorial notes
-    text = text.replace("_", "").replace("{", "").replace("}", "")
-    text = re.sub(r"\s*--\s*", ", ", text)
-    text = re.sub(r"([.!?]), ", r"\1 ", text)
-    text = text.replace("`", "'")
-    return " ".join(text.split())
-
-
-def _split_sentences(text: str) -> list[str]:
-    parts, start = [], 0
-    for m in re.finditer(r"[.!?][\"')]*\s+(?=[\"'(]*[A-Z0-9])", text):
-        before = text[start:m.start()].split()
-        last = re.sub(r"[^a-z]", "", before[-1].lower()) if before else ""
-        if text[m.start()] == "." and (last in _ABBREVIATIONS or (len(last) == 1)):
-            continue
-        parts.append(text[start:m.end()].strip())
-        start = m.end()
-    parts.append(text[start:].strip())
-    return parts
-
-
-def _clean(s: str) -> str | None:
-    s = s.strip().strip(",;: ")
-    if s.startswith(("'", '"')) and s.count(s[0]) == 1:
-        s = s[1:]
-    if s.endswith(("'", '"')) and s.count(s[-1]) == 1:
-        s = s[:-1]
-    s = s.strip()
-    if len(s) < 2 or not _ALLOWED.match(s) or not re.search(r"[a-zA-Z]", s) or not _balanced(s):
-        return None
-    if s.rstrip("\"')")[-1:] not in (".", "!", "?"):
-        s += "."
-    return s[0].upper() + s[1:]
