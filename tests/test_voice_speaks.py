@@ -82,7 +82,7 @@ def test_held_out_sentences_are_heard_within_five_points_of_the_synthesizer(voic
 
     texts = heldout()
     config = DataConfig(**voices.provenance()["recipe"]["data"])
-    espeak = [utterance(t, config).astype(np.float32) / 32768.0 for t in texts]
+    espeak = [utterance(t, config)[0].astype(np.float32) / 32768.0 for t in texts]
     ours = say(voice, texts)
     wer_espeak = wer(texts, transcribe(espeak, whisper, config.sample_rate))
     wer_voice = wer(texts, transcribe(ours, whisper, voice.sample_rate))

@@ -104,6 +104,13 @@ def main(argv=None) -> None:
     q.add_argument("--seed", type=int, default=1234)
     q.add_argument("--asr", default="whisper-tiny.en")
 
+    q = sub.add_parser("lm-attention", help="does the LM read along? each head's attention on the word each "
+                                            "held-out frame reads (align.py), against attention spread evenly")
+    q.add_argument("--lm", default=".voice/unpacked/lm", help="an LM checkpoint (the training form)")
+    q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
+    q.add_argument("--data", default=".voice/heldout-data", help="made (the held-out sentences only) where absent")
+    q.add_argument("--codes", default=".voice/heldout-codes", help="made with --codec-model where absent")
+
     q = sub.add_parser("dryrun", help="the whole recipe at tiny scale on this CPU (minutes)")
     q.add_argument("--work", default=".voice/dryrun")
     q.add_argument("--codec-steps", type=int, default=60)
@@ -194,6 +201,25 @@ def main(argv=None) -> None:
         command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
         eval_voice(Path(args.model), Path(args.data), Path(args.out), args.limit, samplings, args.seed, args.asr,
                    command=command)
+    elif args.command == "lm-attention":
+        import numpy as np
+
+        from recipes.voice import codes, data
+        from recipes.voice.align import attention_table
+        from recipes.voice.checkpoint import read_record
+        from recipes.voice.config import Recipe
+        from recipes.voice.lm import LMTrainer
+
+        recipe = Recipe.from_dict(read_record(Path(args.lm))["recipe"])
+        manifest = data.ensure(recipe.data, Path(args.data), limit_hours=0)
+        codes.ensure(Path(args.codec_model), Path(args.data), Path(args.codes), "cpu", manifest["sha256"])
+        recipe.lm_train.bf16 = False
+        trainer = LMTrainer(recipe, Path(args.codes), Path(args.codes) / "work", "cpu", "-", log=lambda line: None)
+        trainer.resume(Path(args.lm))
+        table, uniform = attention_table(trainer)
+        print(f"{args.lm} (step {trainer.step}): attention on the word each held-out frame reads, layer x head "
+              f"(spread evenly: {uniform:.3f})")
+        print(np.array2string(table, precision=3, suppress_small=True))
     elif args.command == "dryrun":
         from recipes.voice.dryrun import dryrun
 

@@ -177,6 +177,12 @@ class LMTrain:
     # evaluation and the exported model have none): the lever if new sentences alone do not
     # close the gap between training and held-out loss (docs/voice/lm-progress.md).
     attention_dropout: float = 0.0
+    # Guided attention (align.py): heads 0 .. align_heads-1 of layer align_layer are taught to
+    # attend to the text of the word each frame reads (espeak-ng's word starts), this weight
+    # times their loss added to the LM's. 0: off, as the kept models were trained.
+    align_weight: float = 0.0
+    align_layer: int = 2
+    align_heads: int = 2
     bf16: bool = True
     compile: bool = False  # torch.compile the loss (model included); eager is safe, batches are large
     log_every: int = 50
@@ -198,6 +204,11 @@ class Recipe:
             part.validate()
         if self.data.sample_rate != self.codec.sampling_rate:
             raise ConfigError("the data's sample rate must be the codec's")
+        t = self.lm_train
+        if t.align_weight < 0 or t.align_weight > 0 and not (0 <= t.align_layer < self.lm.num_layers
+                                                             and 0 < t.align_heads <= self.lm.num_heads):
+            raise ConfigError(f"lm_train.align_*: layer {t.align_layer} of {self.lm.num_layers}, "
+                              f"{t.align_heads} heads of {self.lm.num_heads}, weight {t.align_weight} >= 0")
         return self
 
     def to_dict(self) -> dict:

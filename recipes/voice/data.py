@@ -1,8 +1,12 @@
 """The training speech: every sentence of the corpus (``text.py``) spoken by espeak-ng, resampled
-to 16 kHz, trimmed of long silences and stored as one int16 file per split.
+to 16 kHz, trimmed of long silences and stored as one int16 file per split, with where each word
+starts (espeak-ng's word events, ``espeak_lib.py``).
 
     DIR/train.pcm, DIR/heldout.pcm    int16 little-endian samples, utterances back to back
-    DIR/train.json, DIR/heldout.json  {"text": [...], "offset": [...], "length": [...]} (samples)
+    DIR/train.json, DIR/heldout.json  {"text": [...], "offset": [...], "length": [...] (samples),
+                                       "words": [...] (word count of each utterance)}
+    DIR/train.words.npy, ...          int32 [words, 3]: character start, length, first sample in
+                                      its utterance, utterances back to back
     DIR/manifest.json                 settings, espeak-ng version, corpus digest, audio sha256
 
 The same settings give the same bytes (espeak-ng is deterministic; the resampler runs in float64),
@@ -112,21 +116,38 @@ def resample(x: np.ndarray, orig: int, new: int) -> np.ndarray:
     return y[: math.ceil(n * length / o)].numpy()
 
 
-def trim_silence(x: np.ndarray, rate: int, keep_s: float, threshold: float = 1e-3) -> np.ndarray:
-    """Cut leading and trailing silence down to ``keep_s`` seconds."""
+def trim_bounds(x: np.ndarray, rate: int, keep_s: float, threshold: float = 1e-3) -> tuple[int, int]:
+    """(start, end) of ``x`` with leading and trailing silence cut down to ``keep_s`` seconds."""
     loud = np.flatnonzero(np.abs(x) > threshold)
     if loud.size == 0:
-        return x[:0]
+        return 0, 0
     keep = int(keep_s * rate)
-    return x[max(0, loud[0] - keep): loud[-1] + 1 + keep]
+    return max(0, int(loud[0]) - keep), min(len(x), int(loud[-1]) + 1 + keep)
 
 
-def utterance(text: str, config: DataConfig) -> np.ndarray:
-    """``text`` spoken, at ``config.sample_rate``, int16."""
-    pcm, rate = synthesize(text, config)
+def trim_silence(x: np.ndarray, rate: int, keep_s: float, threshold: float = 1e-3) -> np.ndarray:
+    start, end = trim_bounds(x, rate, keep_s, threshold)
+    return x[start:end]
+
+
+_SYNTHESIZERS: dict = {}  # one espeak-ng server per process and settings (espeak_lib.py)
+
+
+def utterance(text: str, config: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``text`` spoken, at ``config.sample_rate``, int16; and its words ([n, 3] int32: character
+    start, length, first sample in the returned wave)."""
+    from recipes.voice.espeak_lib import Synthesizer
+
+    key = (config.voice, config.words_per_minute, config.pitch, os.environ.get("ESPEAK_NG_DATA"))
+    if key not in _SYNTHESIZERS:
+        _SYNTHESIZERS[key] = Synthesizer(*key)
+    pcm, rate, words = _SYNTHESIZERS[key].synthesize(text)
     wave = resample(pcm.astype(np.float64) / 32768.0, rate, config.sample_rate)
-    wave = trim_silence(wave, config.sample_rate, config.max_silence_s)
-    return np.clip(np.round(wave * 32768.0), -32768, 32767).astype("<i2")
+    start, end = trim_bounds(wave, config.sample_rate, config.max_silence_s)
+    wave = wave[start:end]
+    words = words.copy()
+    words[:, 2] = np.clip(np.floor(words[:, 2] * (config.sample_rate / rate)) - start, 0, len(wave))
+    return np.clip(np.round(wave * 32768.0), -32768, 32767).astype("<i2"), words
 
 
 def _worker_init():
@@ -163,6 +184,8 @@ class Split:
     text: list[str]
     offset: np.ndarray  # [U] int64
     length: np.ndarray  # [U] int64
+    words: np.ndarray | None = None  # [W, 3] int32 (module doc), utterances back to back
+    word_counts: np.ndarray | None = None  # [U] int64
 
     def __len__(self) -> int:
         return len(self.text)
@@ -197,23 +220,27 @@ def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours
     with _synthesizer(workers) as synthesize_all:
         for name, texts in (("train", train), ("heldout", corpus.heldout)):
             digest = hashlib.sha256()
-            offsets, lengths, position = [], [], 0
+            offsets, lengths, position, words = [], [], 0, []
             with open(tmp / f"{name}.pcm", "wb") as f:
-                for i, wave in enumerate(synthesize_all((t, config) for t in texts)):
+                for i, (wave, spoken) in enumerate(synthesize_all((t, config) for t in texts)):
                     data = wave.tobytes()
                     f.write(data)
                     digest.update(data)
                     offsets.append(position)
                     lengths.append(len(wave))
+                    words.append(spoken)
                     position += len(wave)
                     if log and (i + 1) % 5000 == 0:
                         log(f"data: {name} {i + 1}/{len(texts)} utterances, {time.time() - started:.0f} s")
-            index = {"text": texts, "offset": offsets, "length": lengths}
+            flat_words = np.concatenate(words).astype("<i4") if words else np.zeros((0, 3), "<i4")
+            np.save(tmp / f"{name}.words.npy", flat_words)
+            index = {"text": texts, "offset": offsets, "length": lengths, "words": [len(w) for w in words]}
             (tmp / f"{name}.json").write_text(json.dumps(index))
             splits[name] = {
                 "utterances": len(texts),
                 "hours": round(position / config.sample_rate / 3600, 3),
                 "pcm_sha256": digest.hexdigest(),
+                "words_sha256": hashlib.sha256(flat_words.tobytes()).hexdigest(),
                 "empty": int(sum(n == 0 for n in lengths)),
             }
     manifest = {
@@ -257,7 +284,8 @@ def ensure(config: DataConfig, path: Path, expect_sha256: str | None = None, lim
     difference of the float64 resampler on another CPU) is an error with ``strict``, else a
     warning (a resumed codec sees random crops: one sample's LSB does not matter)."""
     manifest = read_manifest(path)
-    if manifest is None or manifest["config"] != asdict(config) or manifest.get("limit_hours") != limit_hours:
+    if (manifest is None or manifest["config"] != asdict(config) or manifest.get("limit_hours") != limit_hours
+            or not all("words_sha256" in split for split in manifest["splits"].values())):  # (made without words)
         manifest = build(config, path, limit_hours=limit_hours, log=log)
     if expect_sha256 and manifest["sha256"] != expect_sha256:
         message = (f"the data at {path} (sha256 {manifest['sha256'][:16]}) is not what the checkpoint was trained "
@@ -272,5 +300,10 @@ def ensure(config: DataConfig, path: Path, expect_sha256: str | None = None, lim
 def load_split(path: Path, name: str, mmap: bool = True) -> Split:
     path = Path(path)
     index = json.loads((path / f"{name}.json").read_text())
-    audio = np.memmap(path / f"{name}.pcm", dtype="<i2", mode="r") if mmap else np.fromfile(path / f"{name}.pcm", "<i2")
-    return Split(audio, index["text"], np.asarray(index["offset"], np.int64), np.asarray(index["length"], np.int64))
+    pcm = path / f"{name}.pcm"
+    # (an empty split, as the held-out-only data of the evaluations has for training, cannot be mapped)
+    audio = np.memmap(pcm, dtype="<i2", mode="r") if mmap and pcm.stat().st_size else np.fromfile(pcm, "<i2")
+    words = path / f"{name}.words.npy"
+    return Split(audio, index["text"], np.asarray(index["offset"], np.int64), np.asarray(index["length"], np.int64),
+                 np.load(words) if words.is_file() else None,
+                 np.asarray(index["words"], np.int64) if "words" in index else None)

@@ -28,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recipes.voice.align import AttentionProbe, word_spans
 from recipes.voice.checkpoint import environment, load_state, read_record, save_state, write_record
 from recipes.voice.codes import CodeSplit, load_codes
-from recipes.voice.config import LMShape, Recipe, multistream_recipe
+from recipes.voice.config import ConfigError, LMShape, Recipe, multistream_recipe
 from recipes.voice.schedule import RunSchedule, resumed_rate
 from recipes.voice.text import bare, bare_variant
 
@@ -133,6 +134,10 @@ class Examples:
         self.code_start, self.frames = as_t(split.offset), as_t(split.frames)
         self.delays = as_t(np.array(layout.delays, dtype=np.int64))
         self.device = device
+        # The characters each frame reads (align.py), where the data has espeak-ng's word starts.
+        self.spans = None
+        if split.words is not None:
+            self.spans = as_t(word_spans(split.words, split.word_counts, split.offset, split.frames))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -173,7 +178,14 @@ class Examples:
         target, f, is_code = steps_at(s_out)
         lead = torch.arange(lay.K, device=self.device)[None, None, :] == lay.lead
         weight = (is_code | (lead & (f == Tk))) & ((s_out >= 0) & (j < end))[:, :, None]
-        return {"primary": primary, "aux": aux, "target": target, "weight": weight}
+        batch = {"primary": primary, "aux": aux, "target": target, "weight": weight}
+        if self.spans is not None:  # ``gold`` [B, L, 2]: the text positions the lead stream's next frame reads
+            frame = s_out - lay.delays[lay.lead]
+            at = (self.code_start[ids][:, None] + frame.clamp(min=0)).clamp(max=self.spans.shape[0] - 1)
+            span = self.spans[at].to(torch.int64) + 2  # text byte c sits at position 2 + c
+            has = (frame >= 0) & (frame < T) & (j < end) & (span[..., 1] > span[..., 0])
+            batch["gold"] = torch.where(has[..., None], span, -1)
+        return batch
 
     def epoch(self, batch_tokens: int, seed: int, epoch: int, pad_to: int = 16) -> list[tuple[np.ndarray, int]]:
         """This epoch's batches: (utterance ids, padded length), of at most ``batch_tokens``
@@ -290,6 +302,12 @@ class LMTrainer:
         self.step, self.epoch, self.position, self.history, self.runs = 0, 0, 0, [], []
         self.resumed_at = None
         self.forward = torch.compile(stream_loss) if self.cfg.compile else stream_loss
+        self.probe = None
+        if self.cfg.align_weight > 0:
+            if self.train_set.spans is None or self.cfg.compile:
+                raise ConfigError("lm_train.align_weight needs codes made from data with word starts (made again "
+                                  "since the data stage records them) and lm_train.compile off")
+            self.probe = AttentionProbe(self.model.model, self.cfg.align_layer, self.cfg.align_heads)
 
     def parameters_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -344,13 +362,14 @@ class LMTrainer:
                 group["lr"] = lr
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss, per_stream, acc, _ = self.forward(self.model, batch, self.allowed, self.stream_weights)
+                align = self.probe.loss(batch["gold"]) if self.probe is not None else torch.zeros((), device=self.device)
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss + cfg.align_weight * align).backward()
             grad = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()
             self.step, self.position = self.step + 1, self.position + 1
             tokens += len(ids) * length
-            part = torch.cat([loss.detach()[None], grad[None], per_stream, acc])
+            part = torch.cat([loss.detach()[None], grad[None], per_stream, acc, align.detach()[None]])
             sums, steps = (part if sums is None else sums + part), steps + 1
             if self.step % cfg.log_every == 0:  # a resumed run's first window is shorter
                 self._log_row(sums / steps, lr, tokens, time.time() - window)
@@ -372,8 +391,10 @@ class LMTrainer:
         values = mean.tolist()
         row = {"step": self.step, "epoch": self.epoch, "loss": round(values[0], 4), "grad_norm": round(values[1], 3),
                "stream_loss": [round(v, 4) for v in values[2:2 + K]],
-               "stream_acc": [round(v, 4) for v in values[2 + K:]], "lr": lr,
+               "stream_acc": [round(v, 4) for v in values[2 + K:2 + 2 * K]], "lr": lr,
                "tokens_per_s": round(tokens / max(seconds, 1e-9))}
+        if self.probe is not None:
+            row["align_loss"] = round(values[2 + 2 * K], 4)
         self.history.append(row)
         self.log(f"lm: step {row['step']} epoch {row['epoch']} loss {row['loss']} acc0 {row['stream_acc'][0]} "
                  f"lr {lr:.2e} {row['tokens_per_s']} tok/s")
@@ -382,11 +403,14 @@ class LMTrainer:
     def evaluate(self) -> dict:
         """Teacher-forced loss and accuracy of the held-out sentences (never trained on)."""
         self.model.eval()
-        totals, n = None, 0
+        totals, n, align_sum, align_count = None, 0, 0.0, 0
         for ids, length in self.heldout.epoch(self.cfg.batch_tokens, 0, 0):
             batch = self.heldout.batch(torch.from_numpy(ids).to(self.device), length)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
                 loss, per_stream, acc, count = stream_loss(self.model, batch, self.allowed, self.stream_weights)
+                if self.probe is not None:
+                    align_sum += float(self.probe.loss(batch["gold"])) * int((batch["gold"][..., 0] >= 0).sum())
+                    align_count += int((batch["gold"][..., 0] >= 0).sum())
             part = torch.cat([per_stream * count, acc * count, count.float()])
             totals = part if totals is None else totals + part
             n += 1
@@ -397,6 +421,9 @@ class LMTrainer:
         count = totals[2 * K:].clamp(min=1)
         per_stream, acc = totals[:K] / count, totals[K:2 * K] / count
         weights = self.stream_weights
-        return {"heldout_loss": round(float((per_stream * weights).sum() / weights.sum()), 4),
-                "heldout_stream_loss": [round(v, 4) for v in per_stream.tolist()],
-                "heldout_stream_acc": [round(v, 4) for v in acc.tolist()]}
+        out = {"heldout_loss": round(float((per_stream * weights).sum() / weights.sum()), 4),
+               "heldout_stream_loss": [round(v, 4) for v in per_stream.tolist()],
+               "heldout_stream_acc": [round(v, 4) for v in acc.tolist()]}
+        if align_count:  # the probed heads' mean attention on the word each frame reads: exp(-loss)
+            out["heldout_align_loss"] = round(align_sum / align_count, 4)
+        return out

@@ -1,0 +1,157 @@
+"""The voice recipe's word timings and guided attention: espeak-ng through its library (the CLI's
+bytes, with word starts), the per-frame spans the data gives, the attention probe against
+transformers' own eager attention, and a small LM learning where each frame reads."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recipes.voice import text  # noqa: E402
+from recipes.voice.align import AttentionProbe, word_spans  # noqa: E402
+from recipes.voice.config import ConfigError, DataConfig, preset  # noqa: E402
+
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None,
+                                  reason="espeak-ng is not installed (apt-get install espeak-ng)")
+
+
+@needs_espeak
+def test_the_library_speaks_the_clis_bytes_and_says_where_words_start():
+    from recipes.voice import data
+    from recipes.voice.espeak_lib import Synthesizer
+
+    config = DataConfig()
+    corpus = text.make_corpus(replace(config, hours=2.0))
+    sentences = corpus.heldout[:12] + corpus.train[::400][:12] + ["-5 degrees, said she.", "Hello world"]
+    synthesizer = Synthesizer(config.voice, config.words_per_minute, config.pitch)
+    try:
+        for sentence in sentences:
+            pcm, rate, words = synthesizer.synthesize(sentence)
+            cli, cli_rate = data.synthesize(sentence, config)
+            assert rate == cli_rate and pcm.tobytes() == cli.tobytes(), sentence
+            assert (np.diff(words[:, 2]) >= 0).all() and words[-1, 2] < len(pcm)
+            assert ((words[:, 0] >= 0) & (words[:, 0] + words[:, 1] <= len(sentence))).all()
+        pcm, rate, words = synthesizer.synthesize("The quick brown fox jumps over the lazy dog.")
+        said = ["The quick brown fox jumps over the lazy dog."[a:a + n] for a, n, _ in words]
+        assert said == ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    finally:
+        synthesizer.close()
+
+
+@needs_espeak
+def test_the_data_records_each_words_first_sample_and_the_codes_its_frame(tmp_path):
+    from recipes.voice import data
+
+    config = DataConfig(hours=0.002, heldout=2, max_chars=60)
+    data.build(config, tmp_path / "data", workers=1, log=None)
+    split = data.load_split(tmp_path / "data", "heldout")
+    assert split.text[0] == "The quick brown fox jumps over the lazy dog."
+    counts = split.word_counts
+    assert counts[0] == 9 and len(split.words) == counts.sum()
+    fox = split.words[:9]
+    assert fox[0, 2] <= int(0.15 * config.sample_rate)  # the first word starts where the trimmed audio does
+    assert (np.diff(fox[:, 2]) > 0).all() and fox[-1, 2] < split.length[0]
+    # one word's start, resampled: espeak-ng's sample x 16000 / 22050, less the trimmed silence
+    pcm, rate, words = __import__("recipes.voice.espeak_lib", fromlist=["x"]).Synthesizer(
+        config.voice, config.words_per_minute, config.pitch).synthesize(split.text[0])
+    shift = int(np.floor(words[1, 2] * config.sample_rate / rate)) - fox[1, 2]
+    assert ((np.floor(words[:, 2] * config.sample_rate / rate) - shift).astype(int) == fox[:, 2]).all()
+
+
+def test_word_spans_give_each_frame_the_word_it_reads():
+    # utterance 0: 6 frames, "ab cd" (words at chars 0 and 3, from frames 1 and 4);
+    # utterance 1: 2 frames, no words; utterance 2: 3 frames, one word from frame 0
+    words = np.array([[0, 2, 1], [3, 2, 4], [0, 4, 0]], np.int32)
+    spans = word_spans(words, np.array([2, 0, 1]), np.array([0, 6, 8]), np.array([6, 2, 3]))
+    assert spans.tolist() == [[0, 2], [0, 2], [0, 2], [0, 2], [3, 5], [3, 5], [0, 0], [0, 0], [0, 4], [0, 4], [0, 4]]
+
+
+def test_the_probe_is_transformers_eager_attention():
+    """The probed heads' attention mass on a span equals the sum of the weights transformers'
+    eager attention returns for those heads (the model itself runs SDPA)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=50, max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    model = transformers.LlamaModel(config).eval()
+    ids = torch.randint(0, 50, (2, 20))
+    probe = AttentionProbe(model, layer=1, heads=3)
+    gold = torch.stack([torch.randint(0, 5, (2, 20)), torch.randint(6, 12, (2, 20))], dim=-1)
+    gold = torch.minimum(gold, torch.arange(20)[None, :, None] + 1)  # within the causal window
+    with torch.no_grad():
+        model(input_ids=ids)
+        mass = probe.log_mass(gold).exp()
+        model.config._attn_implementation = "eager"
+        weights = model(input_ids=ids, output_attentions=True).attentions[1][:, :3]  # [B, 3, L, L]
+    pos = torch.arange(20)
+    in_gold = (pos >= gold[..., :1]) & (pos < gold[..., 1:])
+    expected = (weights * in_gold[:, None]).sum(-1)
+    assert torch.allclose(mass, expected, atol=1e-5)
+    probe.close()
+
+
+def test_guided_attention_learns_where_each_frame_reads(tmp_path):
+    """The copy task of the recipe's tests (each character two frames of codes), with its word
+    starts: the batch marks, for the query predicting frame f, the word frame f reads; with
+    ``align_weight`` the probed heads learn to put their weight there on unseen strings."""
+    from recipes.voice.codes import write_split
+    from recipes.voice.lm import LMTrainer
+
+    recipe = preset("tiny")
+    recipe.lm = replace(recipe.lm, dtype="float32")
+    recipe.lm_train = replace(recipe.lm_train, batch_tokens=4096, lr=2e-3, warmup_steps=20, decay_share=0.0,
+                              bare_text_share=0.0, log_every=50, eval_every=10**6, align_weight=1.0,
+                              align_layer=1, align_heads=1)
+    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
+    rng = np.random.default_rng(0)
+    letters = "abcdefghijklmnopqrstuvwxyz "
+    table = rng.integers(0, C, (len(letters), K, 2))
+
+    def phrase():
+        return " ".join("".join(rng.choice(list(letters[:-1]), rng.integers(3, 9))) for _ in range(2))
+
+    path = tmp_path / "codes"
+    path.mkdir()
+    for name, n in (("train", 600), ("heldout", 32)):
+        texts = [phrase() for _ in range(n)]
+        codes = [np.concatenate([table[letters.index(ch)] for ch in t], axis=1) for t in texts]
+        words = [[(t.index(w) if i == 0 else t.rindex(w), len(w), 2 * (t.index(w) if i == 0 else t.rindex(w)))
+                  for i, w in enumerate(t.split())] for t in texts]
+        write_split(path, name, np.concatenate(codes, axis=1), texts, [c.shape[1] for c in codes],
+                    np.array([w for ws in words for w in ws]), [len(ws) for ws in words])
+    trainer = LMTrainer(recipe, path, tmp_path / "work", "cpu", "c" * 64, log=lambda line: None)
+
+    t = trainer.heldout.text[0]
+    batch = trainer.heldout.batch(torch.tensor([0]), 128)
+    P = len(t) + 3
+    second = t.rindex(t.split()[1])
+    gold = batch["gold"][0]
+    assert gold[P - 1].tolist() == [2, 2 + len(t.split()[0])]  # predicting frame 0: the first word
+    assert gold[P - 1 + 2 * second].tolist() == [2 + second, 2 + len(t)]  # the second word's first frame
+    assert (gold[: P - 1] == -1).all() and (gold[P - 1 + 2 * len(t):] == -1).all()
+
+    before = trainer.evaluate()["heldout_align_loss"]
+    trainer.train(1e12, max_steps=80)
+    after = trainer.evaluate()["heldout_align_loss"]
+    assert after < 0.5 * before and after < 0.7, (before, after)  # mass on the right word: > 0.5
+    from recipes.voice.align import attention_table
+
+    table, uniform = attention_table(trainer)  # the recipe's `lm-attention` on this model
+    assert table.shape == (2, 2) and table[1, 0] > 0.5 > uniform and table[1, 0] == table.max()
+
+
+def test_guided_attention_needs_words_and_a_layer_that_exists(tmp_path):
+    recipe = preset("tiny")
+    with pytest.raises(ConfigError, match="align"):
+        replace(recipe, lm_train=replace(recipe.lm_train, align_weight=1.0, align_layer=5)).validate()
