@@ -66,6 +66,22 @@ def test_the_data_records_each_words_first_sample_and_the_codes_its_frame(tmp_pa
     shift = int(np.floor(words[1, 2] * config.sample_rate / rate)) - fox[1, 2]
     assert ((np.floor(words[:, 2] * config.sample_rate / rate) - shift).astype(int) == fox[:, 2]).all()
 
+    # the codes keep them in frames (a word starting inside a frame: that frame)
+    import transformers
+
+    from recipes.voice import checkpoint, codes
+
+    recipe = preset("tiny")
+    torch.manual_seed(0)
+    transformers.DacModel(recipe.codec.dac_config()).eval().to(torch.float16).save_pretrained(tmp_path / "codec")
+    checkpoint.write_record(tmp_path / "codec", {"stage": "codec", "recipe": recipe.to_dict()})
+    codes.extract(tmp_path / "codec", tmp_path / "data", tmp_path / "codes", "cpu", "d" * 64, log=None)
+    coded = codes.load_codes(tmp_path / "codes", "heldout")
+    hop = int(np.prod(recipe.codec.downsampling_ratios))
+    assert coded.word_counts.tolist() == counts.tolist()
+    assert (coded.words[:, :2] == split.words[:, :2]).all() and (coded.words[:, 2] == split.words[:, 2] // hop).all()
+    assert (coded.words[:9, 2] < coded.frames[0]).all()
+
 
 def test_word_spans_give_each_frame_the_word_it_reads():
     # utterance 0: 6 frames, "ab cd" (words at chars 0 and 3, from frames 1 and 4);
