@@ -23,7 +23,8 @@ import torch
 def word_spans(words: np.ndarray, word_counts: np.ndarray, offset: np.ndarray, frames: np.ndarray) -> np.ndarray:
     """[W, 3] (character start, length, first frame) of utterances back to back, each utterance's
     word count, frame offset and frame count -> [F, 2] int16: the characters [start, end) that
-    frame f of all utterances back to back reads; (0, 0) in an utterance without words."""
+    frame f of all utterances back to back reads; (0, 0) in an utterance without words. (espeak-ng
+    counts characters, the LM reads bytes: the corpus is ASCII, ``text._ALLOWED``, so they agree.)"""
     total = int(frames.sum())
     spans = np.zeros((total, 2), np.int16)
     if not len(words):
