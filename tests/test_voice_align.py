@@ -121,7 +121,7 @@ def test_guided_attention_learns_where_each_frame_reads(tmp_path):
     """The copy task of the recipe's tests (each character two frames of codes), with its word
     starts: the batch marks, for the query predicting frame f, the word frame f reads; with
     ``align_weight`` the probed heads learn to put their weight there on unseen strings."""
-    from recipes.voice.codes import write_split
+    from copy_task import write_copy_task
     from recipes.voice.lm import LMTrainer
 
     recipe = preset("tiny")
@@ -129,23 +129,9 @@ def test_guided_attention_learns_where_each_frame_reads(tmp_path):
     recipe.lm_train = replace(recipe.lm_train, batch_tokens=4096, lr=2e-3, warmup_steps=20, decay_share=0.0,
                               bare_text_share=0.0, log_every=50, eval_every=10**6, align_weight=1.0,
                               align_layer=1, align_heads=1)
-    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
-    rng = np.random.default_rng(0)
-    letters = "abcdefghijklmnopqrstuvwxyz "
-    table = rng.integers(0, C, (len(letters), K, 2))
-
-    def phrase():
-        return " ".join("".join(rng.choice(list(letters[:-1]), rng.integers(3, 9))) for _ in range(2))
-
     path = tmp_path / "codes"
-    path.mkdir()
-    for name, n in (("train", 600), ("heldout", 32)):
-        texts = [phrase() for _ in range(n)]
-        codes = [np.concatenate([table[letters.index(ch)] for ch in t], axis=1) for t in texts]
-        words = [[(t.index(w) if i == 0 else t.rindex(w), len(w), 2 * (t.index(w) if i == 0 else t.rindex(w)))
-                  for i, w in enumerate(t.split())] for t in texts]
-        write_split(path, name, np.concatenate(codes, axis=1), texts, [c.shape[1] for c in codes],
-                    np.array([w for ws in words for w in ws]), [len(ws) for ws in words])
+    write_copy_task(path, recipe.codec.n_codebooks, recipe.codec.codebook_size, {"train": 600, "heldout": 32},
+                    words=True)
     trainer = LMTrainer(recipe, path, tmp_path / "work", "cpu", "c" * 64, log=lambda line: None)
 
     t = trainer.heldout.text[0]

@@ -938,26 +938,14 @@ def test_the_lm_learns_to_read_its_text(tmp_path):
     codes heard so far give at most the second frame of a character: ~0.55 of them). On strings
     never trained on, a 2-layer LM must reach 0.85 in 300 steps (0.93 measured): the text reaches
     the model where the engine puts it, and the recipe's model learns to align audio to it."""
-    from recipes.voice.codes import write_split
+    from copy_task import write_copy_task
     from recipes.voice.lm import LMTrainer
 
     recipe = tiny_recipe()
     recipe.lm_train = replace(recipe.lm_train, batch_tokens=4096, lr=2e-3, warmup_steps=50, decay_share=0.0,
                               bare_text_share=0.0, log_every=50, eval_every=300)
-    K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
-    rng = np.random.default_rng(0)
-    letters = "abcdefghijklmnopqrstuvwxyz "
-    table = rng.integers(0, C, (len(letters), K, 2))
-
-    def phrase():
-        return " ".join("".join(rng.choice(list(letters[:-1]), rng.integers(3, 9))) for _ in range(2))
-
     path = tmp_path / "codes"
-    path.mkdir()
-    for name, n in (("train", 1500), ("heldout", 64)):
-        texts = [phrase() for _ in range(n)]
-        codes = [np.concatenate([table[letters.index(ch)] for ch in t], axis=1) for t in texts]
-        write_split(path, name, np.concatenate(codes, axis=1), texts, [c.shape[1] for c in codes])
+    write_copy_task(path, recipe.codec.n_codebooks, recipe.codec.codebook_size, {"train": 1500, "heldout": 64})
     trainer = LMTrainer(recipe, path, tmp_path / "work", "cpu", "c" * 64, log=lambda line: None)
     trainer.train(1e12, max_steps=300)
     first = trainer.history[-1]["heldout_stream_acc"][0]

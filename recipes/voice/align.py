@@ -46,6 +46,13 @@ def word_spans(words: np.ndarray, word_counts: np.ndarray, offset: np.ndarray, f
     return spans
 
 
+def usable(gold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(which queries have a span, the spans with [0, 1) where none): a query without one must
+    still have a finite log-mass, or its gradient is NaN even when masked out."""
+    valid = gold[..., 0] >= 0
+    return valid, torch.where(valid[..., None], gold, torch.tensor([0, 1], device=gold.device))
+
+
 class AttentionProbe:
     """The attention of heads ``0 .. heads-1`` of one layer of a transformers Llama/Qwen backbone,
     recomputed from what the layer's attention received in the last forward."""
@@ -84,8 +91,7 @@ class AttentionProbe:
     def loss(self, gold: torch.Tensor) -> torch.Tensor:
         """Minus the mean log attention mass on the gold spans, over the queries that have one
         (gold start < 0: none)."""
-        valid = gold[..., 0] >= 0
-        safe = torch.where(valid[..., None], gold, torch.tensor([0, 1], device=gold.device))
+        valid, safe = usable(gold)
         log_mass = self.log_mass(safe)  # [B, h, L]
         return -(log_mass * valid[:, None]).sum() / (valid.sum() * self.heads).clamp(min=1)
 
@@ -107,9 +113,8 @@ def attention_table(trainer) -> tuple[np.ndarray, float]:
         for ids, length in examples.epoch(trainer.cfg.batch_tokens // 8, 0, 0):
             batch = examples.batch(torch.from_numpy(ids).to(trainer.device), length)
             model.hidden(batch["primary"], batch["aux"])
+            valid, safe = usable(batch["gold"])
             gold = batch["gold"]
-            valid = gold[..., 0] >= 0
-            safe = torch.where(valid[..., None], gold, torch.tensor([0, 1], device=gold.device))
             for layer, probe in enumerate(probes):
                 total[layer] += (probe.log_mass(safe).exp() * valid[:, None]).sum(dim=(0, 2)).cpu()
             query = torch.arange(length, device=gold.device)[None]
