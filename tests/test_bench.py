@@ -53,6 +53,24 @@ def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec()
     assert all("per_step_work_compiled" not in env for env in result["plain_environments"])
 
 
+def test_throughput_bench_can_measure_speechctl_in_processes_of_its_own_like_plain_vllm():
+    # A lent machine's processes differ in host speed by up to ~2x: with speechctl_runs both
+    # systems run in processes of their own, alternating, and each keeps its fastest.
+    from speechctl.bench.throughput import run_throughput_bench
+
+    lines = []
+    result = run_throughput_bench("tiny", concurrencies=(2,), frames=6, repeats=1, codec_requests=0,
+                                  plain_runs=1, speechctl_runs=2, log=lines.append)
+    started = [line.split(" process ")[0] for line in lines if " process " in line]
+    assert started == ["plain vLLM", "speechctl", "speechctl"]
+    (row,) = result["results"]
+    assert len(row["speechctl_runs"]) == 2 and row["eager_frames_per_s"] == max(row["speechctl_runs"])
+    assert row["overhead_ratio"] == pytest.approx(row["eager_frames_per_s"] / row["plain_vllm_tokens_per_s"], rel=1e-2)
+    assert result["speechctl_processes"] == 2 and len(result["speechctl_environments"]) == 2
+    assert all(env["host"]["python_loop_ns"] > 0 for env in result["speechctl_environments"])
+    assert result["environment"]["per_step_work_compiled"] is False  # a speechctl process's own
+
+
 def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
     from speechctl.bench.families import run_family_bench
 

@@ -5,7 +5,8 @@ Per concurrency *c* (requests submitted at once, each making exactly ``frames`` 
 * plain vLLM: tokens/s of a ``LlamaForCausalLM`` with the same backbone, decoding as many tokens
   per request as speechctl runs steps (``speechctl.bench.plain``, in its own processes first, so
   each engine has the whole device; the fastest of ``plain_runs`` processes per concurrency);
-* speechctl: frames/s, audio-s/s (the checkpoint's codec frame rate), per-request RTF (time from
+* speechctl: in this process after them, or (``speechctl_runs``) in processes of its own
+  alternating with plain vLLM's, the fastest kept likewise; frames/s, audio-s/s (the checkpoint's codec frame rate), per-request RTF (time from
   submission to the request's output ÷ its audio duration); with the per-step CUDA graphs
   (``engine/runtime/graphs.py``) and, for comparison, with them off (eager per-step work);
 * the multi-stream overhead ratio: speechctl frames/s ÷ plain tokens/s (issue goal ≥ 0.85).
@@ -42,27 +43,73 @@ def run_throughput_bench(
     repeats: int = 3,
     *,
     plain_runs: int = 2,
+    speechctl_runs: int = 0,
     eager_too: bool = True,
     codec_requests: int = 64,
     codec_config: dict | None = None,
     engine_overrides: dict | None = None,
     log=print,
 ) -> dict:
-    # Plain vLLM first, in processes of its own (an in-process engine does not give all its device
+    """``speechctl_runs`` 0: speechctl in this process, after the plain processes. N >= 1: speechctl
+    in N processes of its own too, alternating with the plain ones (plain 1, speechctl 1, plain 2,
+    ...), the fastest of each system kept per concurrency: both systems measured the same way, so
+    a slow host in one process (they differ by up to ~2x on a lent machine) flatters neither."""
+    # Plain vLLM in processes of its own (an in-process engine does not give all its device
     # memory back when it shuts down), plain_runs of them with the fastest kept per concurrency:
     # whole processes on a lent GPU machine have run host-bound steps ~1.7x slower than others
     # (docs/benchmarks/throughput.md), so one slow baseline process would flatter the ratio.
     steps, prompt_len = _workload_shape(shape, frames)
-    bases = []
-    for run in range(plain_runs):  # each logged as it ends: a run cut off by a time limit says how far it got
-        started = time.perf_counter()
-        bases.append(_plain_run(shape, concurrencies, steps, prompt_len, repeats, engine_overrides))
-        log(f"plain vLLM process {run + 1}/{plain_runs} ({time.perf_counter() - started:.0f} s with its start-up): "
-            + ", ".join(f"c={row['concurrency']} {row['tokens_per_s']} tokens/s" for row in bases[-1]["rows"]))
+    bases, ours = [], []
+    for run in range(max(plain_runs, speechctl_runs)):  # each logged as it ends: a run cut off by a time limit says how far it got
+        if run < plain_runs:
+            started = time.perf_counter()
+            bases.append(_plain_run(shape, concurrencies, steps, prompt_len, repeats, engine_overrides))
+            log(f"plain vLLM process {run + 1}/{plain_runs} ({time.perf_counter() - started:.0f} s with its start-up): "
+                + ", ".join(f"c={row['concurrency']} {row['tokens_per_s']} tokens/s" for row in bases[-1]["rows"]))
+        if run < speechctl_runs:
+            started = time.perf_counter()
+            ours.append(_speechctl_process(shape, concurrencies, frames, repeats, eager_too, engine_overrides))
+            log(f"speechctl process {run + 1}/{speechctl_runs} ({time.perf_counter() - started:.0f} s with its start-up): "
+                + ", ".join(f"c={row['concurrency']} {_main_rate(row)} frames/s" for row in ours[-1]["rows"]))
+    if not speechctl_runs:
+        ours.append(measure_speechctl(shape, concurrencies, frames, repeats, eager_too, engine_overrides, log))
+    if (ours[0]["steps_per_request"], ours[0]["prompt_tokens"]) != (steps, prompt_len):
+        raise EngineError("plain baseline and speechctl workloads differ")
+    rows = [_fastest([run["rows"][i] for run in ours]) for i in range(len(concurrencies))]
+    main_mode = "graphs" if "graphs_frames_per_s" in rows[0] else "eager"
+    if bases:
+        for i, row in enumerate(rows):
+            runs = [base["rows"][i]["tokens_per_s"] for base in bases]
+            row["plain_vllm_tokens_per_s"], row["plain_vllm_runs"] = max(runs), runs
+            row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / max(runs), 3)
+            log(f"c={row['concurrency']:4d} plain vLLM {max(runs)} tokens/s (runs {runs})  ratio {row['overhead_ratio']}")
+    codec = _codec_bench(codec_requests, frames, codec_config, repeats) if codec_requests else None
+    if codec:
+        log(f"codec: batched {codec['batched_s']} s, one by one {codec['one_by_one_s']} s, speed-up {codec['speedup']}; "
+            f"{codec['window_frames']}-frame streaming windows: speed-up {codec['window_speedup']}")
+    return {
+        "benchmark": "throughput",
+        "model": {**describe(shape), "frame_rate": ours[0]["frame_rate"]},
+        "frames_per_request": frames,
+        "steps_per_request": steps,
+        "prompt_tokens": prompt_len,
+        "repeats": repeats,
+        "speechctl_processes": speechctl_runs,  # 0: measured in the bench's own process
+        "engine_startup_s": ours[0]["engine_startup_s"],
+        "engine_warm_up_s": ours[0]["engine_warm_up_s"],  # of which compiling the per-step work
+        "environment": ours[0]["environment"],
+        "speechctl_environments": [run["environment"] for run in ours] if speechctl_runs else [],
+        "plain_environments": [base["environment"] for base in bases],
+        "results": rows,
+        "codec": codec,
+    }
+
+
+def measure_speechctl(shape, concurrencies, frames, repeats, eager_too=True, engine_overrides=None, log=print) -> dict:
+    """speechctl's rows on one engine in this process: per concurrency, frames/s, audio-s/s and
+    the median RTF with the per-step graphs (and, ``eager_too``, without them)."""
     with ShapeEngine(shape, max_num_seqs=max(concurrencies), frames=frames, overrides=engine_overrides) as bench:
         log(f"speechctl engine started in {bench.startup_s} s (compiling the per-step work: {bench.warm_up_s} s)")
-        if (bench.engine.spec.pattern.num_steps(frames), len(bench.workload(1)[0].prompt_ids)) != (steps, prompt_len):
-            raise EngineError("plain baseline and speechctl workloads differ")
         frame_rate = _frame_rate(bench.path)
         graphs = bench.engine.set_step_graphs(True)
         rows = []
@@ -88,32 +135,21 @@ def run_throughput_bench(
                 row["graphs_speedup"] = round(row["graphs_frames_per_s"] / row["eager_frames_per_s"], 2)
             log(f"c={count:4d} " + "  ".join(f"{k}={v}" for k, v in row.items() if k.endswith(("frames_per_s", "speedup"))))
             rows.append(row)
-        startup, warm_up = bench.startup_s, bench.warm_up_s
-    main_mode = "graphs" if graphs else "eager"
-    if bases:
-        for i, row in enumerate(rows):
-            runs = [base["rows"][i]["tokens_per_s"] for base in bases]
-            row["plain_vllm_tokens_per_s"], row["plain_vllm_runs"] = max(runs), runs
-            row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / max(runs), 3)
-            log(f"c={row['concurrency']:4d} plain vLLM {max(runs)} tokens/s (runs {runs})  ratio {row['overhead_ratio']}")
-    codec = _codec_bench(codec_requests, frames, codec_config, repeats) if codec_requests else None
-    if codec:
-        log(f"codec: batched {codec['batched_s']} s, one by one {codec['one_by_one_s']} s, speed-up {codec['speedup']}; "
-            f"{codec['window_frames']}-frame streaming windows: speed-up {codec['window_speedup']}")
-    return {
-        "benchmark": "throughput",
-        "model": {**describe(shape), "frame_rate": frame_rate},
-        "frames_per_request": frames,
-        "steps_per_request": steps,
-        "prompt_tokens": prompt_len,
-        "repeats": repeats,
-        "engine_startup_s": startup,
-        "engine_warm_up_s": warm_up,  # of which compiling the per-step work
-        "environment": environment(),
-        "plain_environments": [base["environment"] for base in bases],
-        "results": rows,
-        "codec": codec,
-    }
+        return {"rows": rows, "frame_rate": frame_rate, "engine_startup_s": bench.startup_s,
+                "engine_warm_up_s": bench.warm_up_s, "steps_per_request": bench.engine.spec.pattern.num_steps(frames),
+                "prompt_tokens": len(bench.workload(1)[0].prompt_ids), "environment": environment()}
+
+
+def _main_rate(row: dict) -> float:
+    return row.get("graphs_frames_per_s", row.get("eager_frames_per_s"))
+
+
+def _fastest(rows: list[dict]) -> dict:
+    """One concurrency's row from the fastest process, with every process's rate beside it."""
+    best = dict(max(rows, key=_main_rate))
+    if len(rows) > 1:
+        best["speechctl_runs"] = [_main_rate(row) for row in rows]
+    return best
 
 
 def _workload_shape(shape: str, frames: int) -> tuple[int, int]:
@@ -147,6 +183,20 @@ def _plain_run(shape, concurrencies, steps, prompt_len, repeats, overrides) -> d
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         if done.returncode != 0:
             raise EngineError(f"plain vLLM baseline failed: {done.stderr.strip().splitlines()[-1:]}")
+        return json.loads(out.read_text())
+
+
+def _speechctl_process(shape, concurrencies, frames, repeats, eager_too, overrides) -> dict:
+    """``measure_speechctl`` in a process of its own (``main`` below), as plain vLLM's runs are."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "speechctl.json"
+        cmd = [sys.executable, "-m", "speechctl.bench.throughput", "--shape", shape,
+               "--concurrency", ",".join(map(str, concurrencies)), "--frames", str(frames),
+               "--repeats", str(repeats), "--overrides", json.dumps(overrides or {}), "--out", str(out)]
+        done = subprocess.run(cmd + ([] if eager_too else ["--no-eager"]), capture_output=True, text=True,
+                              env=os.environ.copy())
+        if done.returncode != 0:
+            raise EngineError(f"speechctl bench process failed: {done.stderr.strip().splitlines()[-1:]}")
         return json.loads(out.read_text())
 
 
@@ -212,3 +262,25 @@ def _audio_rate_and_rtf(ax, rows, concurrencies) -> None:
     rtf.plot(concurrencies, [r[f"{mode}_rtf_median"] for r in rows], "s:", c="tab:red", label="per-request RTF (median)")
     rtf.set(ylabel="per-request RTF (lower is faster)", ylim=(0, None))
     ax.legend(handles=ax.get_lines() + rtf.get_lines(), loc="upper left")
+
+
+def main(argv=None) -> None:
+    """One speechctl process of ``run_throughput_bench(speechctl_runs=N)``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--frames", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-eager", action="store_true")
+    parser.add_argument("--overrides", default="{}", help="EngineConfig fields as JSON")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    result = measure_speechctl(args.shape, [int(c) for c in args.concurrency.split(",")], args.frames, args.repeats,
+                               not args.no_eager, json.loads(args.overrides) or None, log=lambda line: None)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

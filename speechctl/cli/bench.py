@@ -34,6 +34,8 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--no-plain", is_flag=True, help="Throughput: skip the plain-vLLM baseline.")
 @click.option("--plain-runs", type=click.IntRange(1), default=2, show_default=True,
               help="Throughput: run the plain-vLLM baseline in this many processes and keep the fastest (host speed varies between processes).")
+@click.option("--speechctl-runs", type=click.IntRange(0), default=0, show_default=True,
+              help="Throughput: measure speechctl in this many processes of its own, alternating with the plain-vLLM ones, and keep the fastest (0: in this process, after them).")
 @click.option("--no-eager", is_flag=True, help="Throughput: skip the run with the per-step CUDA graphs off.")
 @click.option("--codec-requests", type=click.IntRange(0), default=64, show_default=True, help="Throughput: requests in the batched-vs-one-by-one codec decode (0: skip).")
 @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (vLLM's tensor parallelism). Data parallelism: benchmarks/multi_gpu.py.")
@@ -41,7 +43,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, arnar, nar, workload, rates, requests, model, random_weights, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, requests, model, random_weights, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
     plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
@@ -93,7 +95,8 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, random_we
         from speechctl.bench.throughput import run_throughput_bench
 
         result = run_throughput_bench(
-            shape, levels, frames, repeats, plain_runs=0 if no_plain else plain_runs, eager_too=not no_eager,
+            shape, levels, frames, repeats, plain_runs=0 if no_plain else plain_runs, speechctl_runs=speechctl_runs,
+            eager_too=not no_eager,
             codec_requests=codec_requests, codec_config=_SMALL_DAC if shape == "tiny" else None, engine_overrides=overrides,
             log=lambda line: click.echo(line, err=True),
         )
