@@ -122,6 +122,30 @@ def test_captured_decode_reads_the_slot_table_before_attach():
     assert (runtime.decoder_inputs(ids, positions, one_per_row=False) == 1025).all()  # a profiling run
 
 
+def test_the_captured_decode_and_the_runtime_share_one_row_slot_tensor():
+    """vLLM captures the decode forward (reading the row slots) before attach, which grows the
+    row slots to vLLM's largest graph bucket (twice max_num_seqs): grown then, they would be a
+    new tensor, and every replay would read the old one's rows (the scratch slot's inputs). The
+    model sizes them from the config at once, so attach finds them large enough."""
+    from types import SimpleNamespace
+
+    from speechctl.models.dia.family import dia_spec
+    from speechctl.models.encoder_decoder import EncoderDecoderModel
+
+    config = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15],
+              "decoder_config": {"bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025, "num_channels": 9,
+                                 "vocab_size": 1028}}
+    vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8),
+                                  model_config=SimpleNamespace(max_model_len=64, dtype=torch.float32),
+                                  compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16]))
+    model = SimpleNamespace()
+    EncoderDecoderModel.make_stream_runtime(model, dia_spec(config), vllm_config, torch.device("cpu"), hidden_size=8)
+    table = model.stream_runtime.table
+    captured = table.row_slots  # what a graph captured now would read
+    table.reserve_rows(16)  # attach: vLLM's largest bucket (use_step_graphs)
+    assert table.row_slots is captured and captured.shape[0] == 16
+
+
 def test_greedy_generation_equals_transformers(engine, hf_model, processor, codec):
     from speechctl.engine.params import Guidance
 

@@ -277,6 +277,23 @@ def test_runner_names_its_cuda_graph_batch_sizes():
     assert "self.cudagraph_batch_sizes = sorted(" in init and "self.cudagraph_batch_sizes = []" in init
 
 
+def test_the_config_names_its_cuda_graph_sizes_before_the_model_is_built():
+    """An encoder-decoder model sizes the row slots its captured forward reads from the config
+    (vllm_compat.cudagraph_capture_rows): the resolved sizes live on the compilation config, and
+    the runner buckets batches by the same list."""
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationConfig
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert "cudagraph_capture_sizes" in {f for f in CompilationConfig.__dataclass_fields__}
+    assert "cudagraph_capture_sizes" in inspect.getsource(GPUModelRunner.__init__)
+    config = SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16]))
+    assert vllm_compat.cudagraph_capture_rows(config) == 16
+    config.compilation_config.cudagraph_capture_sizes = None  # no graphs (the CPU, eager)
+    assert vllm_compat.cudagraph_capture_rows(config) == 0
+
+
 def test_output_token_ids_are_kept_only_for_what_needs_them():
     """attach_runtime turns off InputBatch.logitsprocs_need_output_token_ids (vLLM sets it for
     any custom logits processor): the sampling metadata then carries no output ids unless

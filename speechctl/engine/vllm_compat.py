@@ -400,6 +400,13 @@ def cudagraph_batch_sizes(runner) -> list[int]:
     return list(getattr(runner, "cudagraph_batch_sizes", None) or [])
 
 
+def cudagraph_capture_rows(vllm_config) -> int:
+    """The most rows any of vLLM's CUDA graphs will run (0 without graphs), known from the
+    config before the model is built: ``compilation_config.cudagraph_capture_sizes``, which
+    ``VllmConfig`` resolves (0.26 and 0.32)."""
+    return max(vllm_config.compilation_config.cudagraph_capture_sizes or [0])
+
+
 def engine_scheduler(llm_engine):
     """The scheduler of an in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     return llm_engine.engine_core.engine_core.scheduler

@@ -139,7 +139,8 @@ class SlotTable:
 
     def reserve_rows(self, rows: int) -> None:
         """Row slots for batches of ``rows`` rows: a per-step graph reads its whole bucket of
-        them, and vLLM's largest bucket goes past ``max_num_seqs``. Before the first request."""
+        them, and vLLM's largest bucket goes past ``max_num_seqs``. Before the first request,
+        and before any graph reads them: growing makes a new tensor."""
         if rows > self.row_slots_host.shape[0]:
             assert not self.slots, "the row slots grow only before the first request"
             self.row_slots_host = np.full(rows, self.scratch, dtype=np.int64)
