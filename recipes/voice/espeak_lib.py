@@ -25,6 +25,7 @@ import os
 import struct
 import subprocess
 import sys
+import warnings
 
 _EVENT_WORD, _EVENT_END_OF_LIST = 1, 0
 _SYNCHRONOUS = 0x0001  # ENOUTPUT_MODE_SYNCHRONOUS
@@ -120,6 +121,12 @@ def _serve(voice: str, words_per_minute: int, pitch: int, data: str | None) -> N
     lib.espeak_SetParameter(_PITCH, pitch, 0)
     lib.espeak_SetPhonemeTrace(0, None)
 
+    # espeak_ng_Initialize starts the library's event thread (here as in the CLI), so Python
+    # 3.12 warns at every fork that the process is multi-threaded. That thread only serves
+    # asynchronous output, which this process never asks for: it waits on its condition variable
+    # (holding no lock) for the whole run, and the child, which synthesizes synchronously, never
+    # needs it. The warning would be one log line per worker, every data stage.
+    warnings.filterwarnings("ignore", message=r"This process \(pid=\d+\) is multi-threaded", category=DeprecationWarning)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         head = stdin.read(4)
