@@ -6,8 +6,9 @@ Per concurrency *c* (requests submitted at once, each making exactly ``frames`` 
   per request as speechctl runs steps (``speechctl.bench.plain``, in its own processes first, so
   each engine has the whole device; the fastest of ``plain_runs`` processes per concurrency);
 * speechctl: in this process after them, or (``speechctl_runs``) in processes of its own
-  alternating with plain vLLM's, the fastest kept likewise; frames/s, audio-s/s (the checkpoint's codec frame rate), per-request RTF (time from
-  submission to the request's output ÷ its audio duration); with the per-step CUDA graphs
+  alternating with plain vLLM's, the fastest kept likewise; frames/s, audio-s/s (the
+  checkpoint's codec frame rate), per-request RTF (time from submission to the request's
+  output ÷ its audio duration); with the per-step CUDA graphs
   (``engine/runtime/graphs.py``) and, for comparison, with them off (eager per-step work);
 * the multi-stream overhead ratio: speechctl frames/s ÷ plain tokens/s (issue goal ≥ 0.85).
 
