@@ -31,6 +31,11 @@ CONFIGS = {
     "preemption": dict(max_num_batched_tokens=256, max_model_len=192, num_kv_blocks=16, max_num_seqs=6),
 }
 
+# The parts of Dia's config that its stream layout reads (``dia_spec``)
+DIA_CONFIG = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15],
+              "decoder_config": {"bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025, "num_channels": 9,
+                                 "vocab_size": 1028}}
+
 
 @pytest.fixture(scope="module")
 def dia_path(tmp_path_factory):
@@ -107,10 +112,7 @@ def test_captured_decode_reads_the_slot_table_before_attach():
     from speechctl.engine.runtime import StreamRuntime
     from speechctl.models.dia.family import dia_spec
 
-    config = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15],
-              "decoder_config": {"bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025, "num_channels": 9,
-                                 "vocab_size": 1028}}
-    runtime = StreamRuntime(dia_spec(config), max_rows=4, max_len=16, device=torch.device("cpu"))
+    runtime = StreamRuntime(dia_spec(DIA_CONFIG), max_rows=4, max_len=16, device=torch.device("cpu"))
     assert runtime.view is None  # not attached
     table = runtime.table
     table.row_slots[1] = 0
@@ -132,14 +134,11 @@ def test_the_captured_decode_and_the_runtime_share_one_row_slot_tensor():
     from speechctl.models.dia.family import dia_spec
     from speechctl.models.encoder_decoder import EncoderDecoderModel
 
-    config = {"delay_pattern": [0, 8, 9, 10, 11, 12, 13, 14, 15],
-              "decoder_config": {"bos_token_id": 1026, "eos_token_id": 1024, "pad_token_id": 1025, "num_channels": 9,
-                                 "vocab_size": 1028}}
     vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=8),
                                   model_config=SimpleNamespace(max_model_len=64, dtype=torch.float32),
                                   compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16]))
     model = SimpleNamespace()
-    EncoderDecoderModel.make_stream_runtime(model, dia_spec(config), vllm_config, torch.device("cpu"), hidden_size=8)
+    EncoderDecoderModel.make_stream_runtime(model, dia_spec(DIA_CONFIG), vllm_config, torch.device("cpu"), hidden_size=8)
     table = model.stream_runtime.table
     captured = table.row_slots  # what a graph captured now would read
     table.reserve_rows(16)  # attach: vLLM's largest bucket (use_step_graphs)

@@ -286,7 +286,7 @@ def test_the_config_names_its_cuda_graph_sizes_before_the_model_is_built():
     from vllm.config import CompilationConfig
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    assert "cudagraph_capture_sizes" in {f for f in CompilationConfig.__dataclass_fields__}
+    assert "cudagraph_capture_sizes" in CompilationConfig.__dataclass_fields__
     assert "cudagraph_capture_sizes" in inspect.getsource(GPUModelRunner.__init__)
     config = SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16]))
     assert vllm_compat.cudagraph_capture_rows(config) == 16

@@ -136,12 +136,8 @@ class EncoderDecoderModel(nn.Module, SupportsMultiModal):
         """The per-step runtime; ``hidden_size``: the decoder's output width (the heads' input)."""
         self.spec = spec
         self.stream_runtime = StreamRuntime(spec, max_rows=vllm_config.scheduler_config.max_num_seqs,
-                                            max_len=vllm_config.model_config.max_model_len, device=device)
-        # vLLM captures this model's decode forward, which reads the row slots, before the
-        # runtime is attached; the row slots must not be replaced after that (attach grows them
-        # to the largest graph bucket, past max_num_seqs), or every replay would read the old
-        # tensor's rows: all the scratch slot. So they have that size from the start.
-        self.stream_runtime.table.reserve_rows(vllm_compat.cudagraph_capture_rows(vllm_config))
+                                            max_len=vllm_config.model_config.max_model_len, device=device,
+                                            graph_rows=vllm_compat.cudagraph_capture_rows(vllm_config))
         self._hidden = (hidden_size, vllm_config.model_config.dtype)
         self._encoded_tags: list[int] = []
 

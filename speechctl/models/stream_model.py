@@ -28,6 +28,7 @@ from vllm.multimodal.processing import (
     PromptReplacement,
 )
 
+from speechctl.engine import vllm_compat
 from speechctl.engine.runtime import StreamRuntime
 from speechctl.engine.runtime.warmup import record_step_graphs
 from speechctl.engine.streams import DelayPattern, StreamSpec
@@ -153,6 +154,7 @@ class StreamModel(nn.Module, SupportsMultiModal):
             max_len=vllm_config.model_config.max_model_len,
             device=device,
             depth_decoder=self.has_depth_decoder,
+            graph_rows=vllm_compat.cudagraph_capture_rows(vllm_config),
         )
 
     def record_step_graphs(self) -> int:

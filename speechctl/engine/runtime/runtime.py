@@ -40,11 +40,17 @@ class ScheduledRows(NamedTuple):
 
 class StreamRuntime:
     def __init__(self, spec: StreamSpec, *, max_rows: int, max_len: int, device: torch.device,
-                 depth_decoder: bool = False):
+                 depth_decoder: bool = False, graph_rows: int = 0):
+        """``graph_rows``: the most rows vLLM's CUDA graphs run (``vllm_compat.cudagraph_capture_rows``),
+        past ``max_rows`` by default. The row slots have that size from the start: vLLM captures
+        an encoder-decoder model's decode forward, which reads them, before the runtime is
+        attached, and growing them then (``use_step_graphs``) would make a new tensor that the
+        captured forward never reads."""
         self.spec = spec
         self.pattern = spec.pattern
         self.device = device
         self.table = SlotTable(spec, max_rows=max_rows, max_len=max_len, device=device, depth_decoder=depth_decoder)
+        self.table.reserve_rows(graph_rows)
         self.rules = FrameRules(spec, device)
         self.capacity = self.table.capacity
         self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built
