@@ -22,13 +22,15 @@ def write_copy_task(path: Path, K: int, C: int, sizes: dict[str, int], words: bo
     def phrase():
         return " ".join("".join(rng.choice(list(LETTERS[:-1]), rng.integers(3, 9))) for _ in range(2))
 
+    def word_table(text):  # two words: (character start, length, first frame) of each
+        first, second = text.split()
+        return [(0, len(first), 0), (len(first) + 1, len(second), 2 * (len(first) + 1))]
+
     path.mkdir(parents=True)
     for name, n in sizes.items():
         texts = [phrase() for _ in range(n)]
         codes = [np.concatenate([table[LETTERS.index(ch)] for ch in t], axis=1) for t in texts]
-        spoken = None, None
-        if words:
-            starts = [[0, len(t.split()[0]) + 1] for t in texts]
-            table_of = [[(s, len(w), 2 * s) for s, w in zip(ss, t.split())] for ss, t in zip(starts, texts)]
-            spoken = np.array([w for ws in table_of for w in ws]), [len(ws) for ws in table_of]
-        write_split(path, name, np.concatenate(codes, axis=1), texts, [c.shape[1] for c in codes], *spoken)
+        rows = [word_table(t) for t in texts] if words else None
+        write_split(path, name, np.concatenate(codes, axis=1), texts, [c.shape[1] for c in codes],
+                    None if rows is None else np.array([w for ws in rows for w in ws]),
+                    None if rows is None else [len(ws) for ws in rows])

@@ -175,29 +175,26 @@ def _frame_rate(path: Path) -> float:
 
 def _plain_run(shape, concurrencies, steps, prompt_len, repeats, overrides) -> dict:
     """{rows, environment} of plain vLLM run in its own process (``speechctl.bench.plain``)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "plain.json"
-        cmd = [sys.executable, "-m", "speechctl.bench.plain", "--shape", shape,
-               "--concurrency", ",".join(map(str, concurrencies)), "--tokens", str(steps),
-               "--prompt-len", str(prompt_len), "--repeats", str(repeats),
-               "--overrides", json.dumps(overrides or {}), "--out", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-        if done.returncode != 0:
-            raise EngineError(f"plain vLLM baseline failed: {done.stderr.strip().splitlines()[-1:]}")
-        return json.loads(out.read_text())
+    return _own_process("speechctl.bench.plain", "plain vLLM baseline", [
+        "--shape", shape, "--concurrency", ",".join(map(str, concurrencies)), "--tokens", str(steps),
+        "--prompt-len", str(prompt_len), "--repeats", str(repeats), "--overrides", json.dumps(overrides or {})])
 
 
 def _speechctl_process(shape, concurrencies, frames, repeats, eager_too, overrides) -> dict:
     """``measure_speechctl`` in a process of its own (``main`` below), as plain vLLM's runs are."""
+    return _own_process("speechctl.bench.throughput", "speechctl bench process", [
+        "--shape", shape, "--concurrency", ",".join(map(str, concurrencies)), "--frames", str(frames),
+        "--repeats", str(repeats), "--overrides", json.dumps(overrides or {})] + ([] if eager_too else ["--no-eager"]))
+
+
+def _own_process(module: str, what: str, args: list[str]) -> dict:
+    """``python -m module ARGS --out FILE`` in a new process, and the JSON it wrote there."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "speechctl.json"
-        cmd = [sys.executable, "-m", "speechctl.bench.throughput", "--shape", shape,
-               "--concurrency", ",".join(map(str, concurrencies)), "--frames", str(frames),
-               "--repeats", str(repeats), "--overrides", json.dumps(overrides or {}), "--out", str(out)]
-        done = subprocess.run(cmd + ([] if eager_too else ["--no-eager"]), capture_output=True, text=True,
-                              env=os.environ.copy())
+        out = Path(tmp) / "result.json"
+        done = subprocess.run([sys.executable, "-m", module, *args, "--out", str(out)], capture_output=True,
+                              text=True, env=os.environ.copy())
         if done.returncode != 0:
-            raise EngineError(f"speechctl bench process failed: {done.stderr.strip().splitlines()[-1:]}")
+            raise EngineError(f"{what} failed: {done.stderr.strip().splitlines()[-1:]}")
         return json.loads(out.read_text())
 
 
