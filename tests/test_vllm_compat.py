@@ -329,6 +329,32 @@ def test_kv_cache_manager_hands_out_held_blocks():
     assert "self.coordinator.get_blocks(request_id)" in inspect.getsource(KVCacheManager.get_blocks)
 
 
+def test_a_request_hashes_only_the_blocks_it_had_when_told(monkeypatch):
+    """vLLM hashes the blocks a request's outputs fill as they fill (``_block_hasher``, from
+    ``append_output_token_ids``); after ``hash_prompt_blocks_only`` only the prompt's stay hashed."""
+    from vllm import SamplingParams
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.request import Request
+
+    def hash_fn(obj):
+        return repr(obj).encode()
+
+    monkeypatch.setattr(kv_cache_utils, "NONE_HASH", getattr(kv_cache_utils, "NONE_HASH", None), raising=False)
+    kv_cache_utils.init_none_hash(hash_fn)  # (what an engine's start does)
+
+    def request():
+        return Request("r", list(range(40)), SamplingParams(max_tokens=64), None,
+                       block_hasher=kv_cache_utils.get_request_block_hasher(16, hash_fn))
+
+    plain, pruned = request(), request()
+    vllm_compat.hash_prompt_blocks_only(pruned)
+    for r in (plain, pruned):
+        assert len(r.block_hashes) == 2  # the prompt's two full blocks
+        r.append_output_token_ids(list(range(40)))
+    assert len(plain.block_hashes) == 5  # what vLLM does: every full block hashed
+    assert pruned.block_hashes == plain.block_hashes[:2]
+
+
 def test_vllm_freezes_the_gc_heap_at_engine_start():
     """collect_dropped_engines thaws the heap that vLLM freezes once an engine has started."""
     from vllm.v1.engine.core import EngineCore

@@ -68,13 +68,14 @@ class PairScheduling:
         # the model sampled, which vLLM's block hashes do not cover: two requests with the same
         # prompt (every CFG partner of one length) would otherwise share blocks of different
         # audio after a preemption. Prompt audio is hashed (multimodal items), so prompts stay
-        # shareable.
+        # shareable. (Generated blocks are then not hashed either: add_request.)
         vllm_compat.cache_prompt_blocks_only(self)
 
     # -- membership ------------------------------------------------------------------------------
 
     def add_request(self, request) -> None:
         self._added += 1
+        vllm_compat.hash_prompt_blocks_only(request)  # host work per request and step saved
         key, partner = pair_key(request)
         if key is not None and partner is not None:
             self._id_of_key[key] = request.request_id

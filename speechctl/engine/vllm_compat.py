@@ -16,9 +16,9 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 * ``CodesProcessorHooks`` / ``CodesDummyHooks`` / ``token_processor_inputs``: multimodal
   processor hooks whose names changed between 0.26 and 0.32 (audio arrives as codec codes).
 * scheduler internals for ``engine/pairs.py``: ``KvAllocation``, ``cache_prompt_blocks_only``,
-  ``free_kv_blocks``, ``held_kv_blocks``, ``kv_groups``, ``encoder_kv_tokens``,
-  ``encoder_capacity``, ``uncomputed_tokens``, ``is_running``, ``max_running_requests``,
-  ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
+  ``hash_prompt_blocks_only``, ``free_kv_blocks``, ``held_kv_blocks``, ``kv_groups``,
+  ``encoder_kv_tokens``, ``encoder_capacity``, ``uncomputed_tokens``, ``is_running``,
+  ``max_running_requests``, ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
 * ``forward_is_one_token_per_row``: whether an encoder-decoder model's forward is being
   captured as a full CUDA graph of a uniform decode batch.
 * engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
@@ -494,6 +494,16 @@ def cache_prompt_blocks_only(scheduler) -> None:
     coordinator = scheduler.kv_cache_manager.coordinator
     cache_blocks = coordinator.cache_blocks
     coordinator.cache_blocks = lambda request, n: cache_blocks(request, min(n, request.num_prompt_tokens))
+
+
+def hash_prompt_blocks_only(request) -> None:
+    """Stop hashing a request's blocks past the ones it has now (its prompt's, hashed when vLLM
+    made the request): with ``cache_prompt_blocks_only`` no later block is ever cached, and
+    vLLM would hash every block its outputs fill, for every request (``Request._block_hasher``,
+    called from ``append_output_token_ids``; 0.26 and 0.32)."""
+    if not hasattr(request, "_block_hasher"):
+        raise RuntimeError("speechctl: vLLM's Request has no _block_hasher; see vllm_compat.hash_prompt_blocks_only")
+    request._block_hasher = None
 
 
 def free_kv_blocks(scheduler) -> int:
