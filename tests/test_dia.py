@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+from follow_tokens import TIE_GAP, FollowTokens, assert_near_ties, put_last
 from published import DIA_CODEC_REPO, DIA_REPO, into_hub_cache, nari_like
 
 pytestmark = pytest.mark.engine
 DECODE_TOLERANCE = 1e-5  # max abs difference of float32 waveforms, relative to the peak
+EOS, PAD, BOS = 1024, 1025, 1026
 TEXTS = ["[S1] Hello there.", "[S2] Hi!", "[S1] A much longer sentence, said slowly (laughs).", "[S1] x"]
 # (guidance scale in Dia's convention or None, CFG filter top-k, max_new_tokens of transformers)
 GROUPS = [(None, None, 40), (3.0, 20, 36), (2.0, 5, 44)]
@@ -78,22 +80,66 @@ def engine(request, dia_path):
     eng.shutdown()
 
 
+def hf_settings(max_new, scale=None, top_k=None) -> dict:
+    """``generate`` keywords: greedy, ``max_new`` steps, CFG ``scale`` (Dia's convention) with
+    its filter's ``top_k``."""
+    return dict(max_new_tokens=max_new, do_sample=False, **(dict(guidance_scale=scale, top_k=top_k) if scale else {}))
+
+
 def hf_generate(model, processor, texts, max_new, scale=None, top_k=None, voice=None) -> np.ndarray:
     """transformers' generate on ``texts`` as DiaProcessor prepares them: [B, steps, 9] after
     the decoder prompt (BOS frame and voice frames)."""
     inputs = processor(text=texts, audio=voice, return_tensors="pt")
-    guidance = dict(guidance_scale=scale, top_k=top_k) if scale else {}
-    out = model.generate(**inputs, max_new_tokens=max_new, do_sample=False, **guidance)
+    out = model.generate(**inputs, **hf_settings(max_new, scale, top_k))
     prompt = inputs["decoder_input_ids"].shape[1] - max(model.config.delay_pattern)
     return out.numpy()[:, prompt:]
+
+
+def hf_follow(model, processor, texts, ours, voice=None, **generate) -> FollowTokens:
+    """transformers' generate as ``hf_generate`` prepares it (``generate``: its keywords), made
+    to follow ``ours``, speechctl's [steps, 9] channels of each text (follow_tokens.py); checks
+    that transformers' output is then ours and returns the follower."""
+    inputs = processor(text=texts, audio=voice, return_tensors="pt")
+    delay_mask = inputs["decoder_input_ids"].numpy()  # [B, prompt + max delay, 9]: PAD where transformers chooses
+    B, M, C = delay_mask.shape
+    prompt = M - max(model.config.delay_pattern)
+
+    def at(position):  # rows b * 9 + c, as transformers' Dia flattens batch and channels
+        i = position - prompt
+        tokens, ended = np.full((B, C), PAD), np.ones((B, C), dtype=bool)
+        for b, channels in enumerate(ours):
+            if i < len(channels):
+                tokens[b] = channels[i]
+                ended[b] = (channels[:i] == EOS).any(axis=0)  # after its EOS transformers' loop pads a channel
+        free = ~ended & (delay_mask[:, position] == PAD if position < M else True)
+        return tokens.reshape(-1), free.reshape(-1)
+
+    follow = FollowTokens(at)
+    with put_last(model, follow):  # after Dia's CFG, channel and end rules
+        out = model.generate(**inputs, **generate).numpy()[:, prompt:]
+    for b, channels in enumerate(ours):
+        np.testing.assert_array_equal(out[b, : len(channels)], channels, err_msg="transformers did not follow")
+        assert (out[b, len(channels):] == PAD).all(), "transformers went on past our end"
+    return follow
+
+
+def delayed(codes: np.ndarray, delays) -> np.ndarray:
+    """[9, T] codes -> the [steps, 9] channels Dia generates: BOS for the first delay[c] steps,
+    then the codes, EOS, PAD (transformers' delay pattern)."""
+    T, D = codes.shape[1], max(delays)
+    out = np.full((T + D + 1, len(delays)), PAD)
+    for c, d in enumerate(delays):
+        out[:d, c] = BOS
+        out[d : d + T, c] = codes[c]
+        out[d + T, c] = EOS
+    return out
 
 
 def assert_equal(out, expected, name):
     assert out.error is None, f"{name}: {out.error}"
     steps = len(out.aux)
     np.testing.assert_array_equal(out.aux, expected[:steps], err_msg=f"{name}: channels differ")
-    assert (expected[steps:] == 1025).all(), f"{name}: transformers generated more steps"  # its batch pads with PAD
-    assert out.token_ids[-1] == 1024 and len(out.token_ids) == steps, f"{name}: primary stream"
+    assert (expected[steps:] == PAD).all(), f"{name}: transformers generated more steps"  # its batch pads with PAD
 
 
 def test_text_ids_equal_dia_tokenizer():
@@ -146,34 +192,62 @@ def test_the_captured_decode_and_the_runtime_share_one_row_slot_tensor():
 
 
 def test_greedy_generation_equals_transformers(engine, hf_model, processor, codec):
+    """On the CPU equal to transformers' generate; on CUDA transformers follows our tokens and
+    each free choice of ours is its own or a near tie (follow_tokens.py; the CPU runs that check
+    too)."""
     from speechctl.engine.params import Guidance
 
     prompts = engine.prompt_builder()
-    reqs, expected = [], {}
+    reqs, calls = [], []  # calls: (tags, texts, generate settings, voice) of each transformers call
     for g, (scale, top_k, max_new) in enumerate(GROUPS):
-        ref = hf_generate(hf_model, processor, TEXTS, max_new, scale, top_k)
         guidance = Guidance(scale=scale + 1, streams="audio", top_k=top_k) if scale else Guidance()
-        for i, text in enumerate(TEXTS):
-            reqs.append(prompts.tts(text, max_frames=max_new - 16, guidance=guidance, tag=(g, i)))
-            expected[(g, i)] = ref[i]
+        tags = [(g, i) for i in range(len(TEXTS))]
+        reqs += [prompts.tts(text, max_frames=max_new - 16, guidance=guidance, tag=tag) for tag, text in zip(tags, TEXTS)]
+        calls.append((tags, TEXTS, (max_new, scale, top_k), None))
     rng = np.random.default_rng(0)
     for v, (frames, scale) in enumerate([(5, 3.0), (12, None)]):  # voice prompts: one transformers call each
         wave = (0.1 * rng.standard_normal(frames * codec.hop_length)).astype(np.float32)
         (codes,) = codec.encode([wave])
         text = f"[S2] voice number {v}."
-        expected[("voice", v)] = hf_generate(hf_model, processor, [f"[S1] transcript {v}. {text}"], 30, scale, 20,
-                                             voice=[wave])[0]
         guidance = Guidance(scale=scale + 1, streams="audio", top_k=20) if scale else Guidance()
         reqs.append(prompts.tts(text, voice_codes=codes, voice_text=f"[S1] transcript {v}.", max_frames=14,
                                 guidance=guidance, tag=("voice", v)))
+        calls.append(([("voice", v)], [f"[S1] transcript {v}. {text}"], (30, scale, 20), [wave]))
     outs = {o.tag: o for o in engine.generate(reqs)}
-    for tag, out in outs.items():
-        assert_equal(out, expected[tag], f"{engine.name}/{tag}")
+    assert len(outs) == len(reqs)
+    for tags, texts, settings, voice in calls:
+        if not torch.cuda.is_available():
+            for tag, expected in zip(tags, hf_generate(hf_model, processor, texts, *settings, voice=voice)):
+                assert_equal(outs[tag], expected, f"{engine.name}/{tag}")
+        for tag in tags:
+            out = outs[tag]
+            assert out.error is None, f"{engine.name}/{tag}: {out.error}"
+            assert out.token_ids[-1] == EOS and len(out.token_ids) == len(out.aux), f"{engine.name}/{tag}: primary stream"
+        follow = hf_follow(hf_model, processor, texts, [outs[tag].aux for tag in tags], voice=voice,
+                           **hf_settings(*settings))
+        assert_near_ties(follow, f"{engine.name}/{tags}")
     assert len({len(o.aux) for o in outs.values()}) >= 5, "requests should end at different steps"
     stats = engine.stats()
     assert stats["pair_violations"] == 0 and stats["live"] == 0
     if engine.name == "preemption":
         assert stats["resumed"] > 0, "the small KV cache should have forced preemption"
+
+
+def test_following_transformers_catches_a_token_it_would_not_choose(hf_model, processor):
+    """The CUDA check is not vacuous: transformers' own tokens pass it with no disagreement; one
+    free token changed (channel 0, mid-sequence) is found, and far from a tie."""
+    (own,) = hf_generate(hf_model, processor, TEXTS[2:3], 36, 3.0, 20)
+    settings = hf_settings(36, 3.0, 20)
+    own = own[: int(np.flatnonzero(own[:, -1] == EOS)[0]) + 1]  # up to the last channel's EOS
+    follow = hf_follow(hf_model, processor, TEXTS[2:3], [own], **settings)
+    assert follow.checked > 100 and not follow.disagreements
+    changed = own.copy()
+    changed[10, 0] = (own[10, 0] + 1) % 1024
+    follow = hf_follow(hf_model, processor, TEXTS[2:3], [changed], **settings)
+    row, position, gap = follow.disagreements[0]
+    assert (row, position) == (0, 11) and gap > TIE_GAP  # row 0: channel 0; position 11: after the BOS frame
+    with pytest.raises(AssertionError, match="not a near tie"):
+        assert_near_ties(follow, "changed")
 
 
 def test_cfg_filter_and_scale_change_the_output(engine):
@@ -251,13 +325,16 @@ def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, dia_pat
     assert result.exit_code == 0, result.output
     codes = np.load(out / "a.npy")
     model = DiaForConditionalGeneration.from_pretrained(published).eval()  # transformers' own choice of files
-    ref = model.generate(**processor(text=[text], return_tensors="pt"),
-                         generation_config=GenerationConfig.from_pretrained(published))
-    ref = ref[0, 1:].numpy()  # after the BOS frame
-    ends = np.flatnonzero(ref[:, 0] == 1024)
-    end = int(ends[0]) if len(ends) else 42 - 16
-    expected = np.stack([ref[d : d + end, c] for c, d in enumerate(model.config.delay_pattern)])
-    np.testing.assert_array_equal(codes, expected)
+    defaults = GenerationConfig.from_pretrained(published)
+    if not torch.cuda.is_available():
+        ref = model.generate(**processor(text=[text], return_tensors="pt"), generation_config=defaults)
+        ref = ref[0, 1:].numpy()  # after the BOS frame
+        ends = np.flatnonzero(ref[:, 0] == EOS)
+        end = int(ends[0]) if len(ends) else 42 - 16
+        expected = np.stack([ref[d : d + end, c] for c, d in enumerate(model.config.delay_pattern)])
+        np.testing.assert_array_equal(codes, expected)
+    follow = hf_follow(model, processor, [text], [delayed(codes, model.config.delay_pattern)], generation_config=defaults)
+    assert_near_ties(follow, "published layout")  # (CUDA's check; the CPU runs it too)
     from speechctl import api
 
     api.close_shared()

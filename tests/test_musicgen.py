@@ -12,9 +12,12 @@ flags takes its weights, CFG and length from the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
+from follow_tokens import FollowTokens, assert_near_ties, put_last
 
 pytestmark = pytest.mark.engine
 DECODE_TOLERANCE = 1e-5  # max abs difference of float32 waveforms, relative to the peak
@@ -61,10 +64,11 @@ def engine(request, musicgen_path):
     eng.shutdown()
 
 
-def hf_codes(model, input_ids, attention_mask, max_new=None, scale=None, audio=None, **generate) -> np.ndarray:
+def hf_codes(model, input_ids, attention_mask, max_new=None, scale=None, audio=None, follow=None, **generate) -> np.ndarray:
     """transformers' generate (greedy, ``max_new`` steps, ``guidance_scale`` ``scale``; or the
     ``generate`` keywords alone); the [B, K, T] codes it hands its EnCodec (the whole sequence:
-    an audio prompt's frames first)."""
+    an audio prompt's frames first). ``follow``: a ``FollowTokens`` put last in its logits
+    processors."""
     captured = {}
     decode = model.audio_encoder.decode
 
@@ -77,10 +81,34 @@ def hf_codes(model, input_ids, attention_mask, max_new=None, scale=None, audio=N
     try:
         if max_new is not None:
             generate = dict(max_new_tokens=max_new, do_sample=False, guidance_scale=scale or 1.0, **generate)
-        model.generate(input_ids=input_ids, attention_mask=attention_mask, **extra, **generate)
+        with put_last(model, follow) if follow is not None else contextlib.nullcontext():
+            model.generate(input_ids=input_ids, attention_mask=attention_mask, **extra, **generate)
     finally:
         model.audio_encoder.decode = decode
     return captured["codes"][0].numpy()
+
+
+def hf_follow(model, input_ids, attention_mask, ours, prompt_frames=0, audio=None, **settings) -> FollowTokens:
+    """``hf_codes`` made to follow ``ours``, speechctl's [K, T] codes of each description after
+    ``prompt_frames`` frames of an audio prompt (follow_tokens.py); checks that transformers'
+    codes are then ours and returns the follower."""
+    K = model.decoder.num_codebooks
+    B = len(ours)
+
+    def at(position):  # rows b * K + k; codebook k's frame at a position: position - 1 - k (delay pattern)
+        tokens, free = np.zeros((B, K), dtype=np.int64), np.zeros((B, K), dtype=bool)
+        for b, codes in enumerate(ours):
+            for k in range(K):
+                frame = position - 1 - k - prompt_frames
+                if 0 <= frame < codes.shape[1]:
+                    tokens[b, k], free[b, k] = codes[k, frame], True
+        return tokens.reshape(-1), free.reshape(-1)
+
+    follow = FollowTokens(at)
+    got = hf_codes(model, input_ids, attention_mask, audio=audio, follow=follow, **settings)
+    for b, codes in enumerate(ours):
+        np.testing.assert_array_equal(got[b, :, prompt_frames:], codes, err_msg="transformers did not follow")
+    return follow
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +122,7 @@ def cases(musicgen_path, hf_model, codec):
 
     prompts = open_checkpoint(musicgen_path).prompt_builder(AutoTokenizer.from_pretrained(musicgen_path))
     K = prompts.spec.num_codebooks
-    reqs, expected = [], {}
+    reqs, expected, calls = [], {}, []  # calls: (tags, hf_follow's arguments) of each transformers call
     for g, (scale, max_new) in enumerate(GROUPS):
         batch = [prompts.tts(t, max_frames=max_new + 1 - K, guidance=Guidance(scale, "audio") if scale else Guidance(),
                              tag=(g, i)) for i, t in enumerate(TEXTS)]
@@ -104,6 +132,7 @@ def cases(musicgen_path, hf_model, codec):
         for i, codes in enumerate(hf_codes(hf_model, ids, mask, max_new, scale)):
             expected[(g, i)] = codes
         reqs += batch
+        calls.append(([r.tag for r in batch], dict(input_ids=ids, attention_mask=mask, max_new=max_new, scale=scale)))
     wave = (0.1 * np.random.default_rng(0).standard_normal(6 * codec.hop_length)).astype(np.float32)
     (prompt_codes,) = codec.encode([wave])
     for scale in (None, 3.0):  # an audio prompt to continue, with CFG and without
@@ -114,18 +143,29 @@ def cases(musicgen_path, hf_model, codec):
         np.testing.assert_array_equal(codes[:, :6], prompt_codes)
         expected[("audio", scale)] = codes[:, 6:]
         reqs.append(req)
-    return reqs, expected
+        calls.append(([req.tag], dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new=10 + K - 1,
+                                      scale=scale, audio=wave, prompt_frames=6)))
+    return reqs, expected, calls
 
 
-def test_greedy_generation_equals_transformers(engine, cases):
-    reqs, expected = cases
+def test_greedy_generation_equals_transformers(engine, hf_model, cases):
+    """On the CPU equal to transformers' generate; on CUDA transformers follows our codes and
+    each free choice of ours is its own or a near tie (follow_tokens.py; the CPU runs that check
+    too)."""
+    reqs, expected, calls = cases
     prompts, K = engine.prompt_builder(), engine.spec.num_codebooks
     outs = {o.tag: o for o in engine.generate(reqs)}
+    assert len(outs) == len(reqs)
+    ours = {}
     for tag, out in outs.items():
         assert out.error is None, f"{engine.name}/{tag}: {out.error}"
-        (codes,) = prompts.audio_segments(out)
-        np.testing.assert_array_equal(codes, expected[tag], err_msg=f"{engine.name}/{tag}: codebooks differ")
-        assert len(out.token_ids) == codes.shape[1] + K - 1 and out.token_ids[-1] == engine.spec.audio_eos_id
+        (ours[tag],) = prompts.audio_segments(out)
+        if not torch.cuda.is_available():
+            np.testing.assert_array_equal(ours[tag], expected[tag], err_msg=f"{engine.name}/{tag}: codebooks differ")
+        assert len(out.token_ids) == ours[tag].shape[1] + K - 1 and out.token_ids[-1] == engine.spec.audio_eos_id
+    for tags, call in calls:
+        follow = hf_follow(hf_model, ours=[ours[tag] for tag in tags], **call)
+        assert_near_ties(follow, f"{engine.name}/{tags}")
     stats = engine.stats()
     assert stats["pair_violations"] == 0 and stats["live"] == 0
     if engine.name == "preemption":
@@ -218,10 +258,13 @@ def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, musicge
     codes = np.load(out / "a.npy")
     model = MusicgenForConditionalGeneration.from_pretrained(published).eval()  # transformers' own choice of files
     ids = AutoTokenizer.from_pretrained(published)([TEXTS[0]], return_tensors="pt")
-    (expected,) = hf_codes(model, ids.input_ids, ids.attention_mask,
-                           generation_config=GenerationConfig.from_pretrained(published))
-    assert expected.shape[1] == 27
-    np.testing.assert_array_equal(codes, expected)
+    defaults = GenerationConfig.from_pretrained(published)
+    assert codes.shape[1] == 27
+    if not torch.cuda.is_available():
+        (expected,) = hf_codes(model, ids.input_ids, ids.attention_mask, generation_config=defaults)
+        np.testing.assert_array_equal(codes, expected)
+    follow = hf_follow(model, ids.input_ids, ids.attention_mask, [codes], generation_config=defaults)
+    assert_near_ties(follow, "published layout")  # (CUDA's check; the CPU runs it too)
     from speechctl import api
 
     api.close_shared()
