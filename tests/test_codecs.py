@@ -281,3 +281,42 @@ def test_run_exact_batched_on_conv_stack(causal):
     )
     for item, output in zip(items, outputs):
         torch.testing.assert_close(output, run(item[None])[0], rtol=0, atol=1e-6)
+
+
+def test_decode_queue_merges_the_batches_that_wait_behind_a_running_decode():
+    """On CUDA a worker thread decodes: batches submitted while it is busy go into its next
+    decode together (one codec call, not one each), and come back in submission order with
+    their tags; a failed decode fails the batches that were in it where they are read."""
+    import threading
+    import time
+    import types
+
+    from speechctl.codecs.worker import DecodeQueue
+
+    release, calls = threading.Event(), []
+
+    def decode(codes):
+        calls.append([item.shape[1] for item in codes])
+        if len(calls) == 1:
+            release.wait(10)  # busy while the next batches arrive
+        if len(calls) == 3:
+            raise ValueError("bad codes")
+        return [np.full(item.shape[1], item.shape[1], dtype=np.float32) for item in codes]
+
+    queue = DecodeQueue(types.SimpleNamespace(device=torch.device("cuda"), decode=decode))
+    try:
+        queue.submit(["a"], [np.zeros((2, 1))])
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        queue.submit(["b", "c"], [np.zeros((2, 2)), np.zeros((2, 3))])
+        queue.submit(["d"], [np.zeros((2, 4))])
+        release.set()
+        out = [(tag, len(wave)) for tag, wave in queue.ready(wait=True)]
+        queue.submit(["e"], [np.zeros((2, 5))])
+        with pytest.raises(ValueError, match="bad codes"):
+            list(queue.ready(wait=True))
+    finally:
+        queue.close()
+    assert calls == [[1], [2, 3, 4], [5]]
+    assert out == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
