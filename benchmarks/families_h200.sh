@@ -6,6 +6,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh guided  # Dia 1.6B, MusicGen-small with their CFG:
 #     speechctl beside transformers' generate with guidance, and the CFG efficiency (speechctl/bench/guided.py)
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests-guided  # the Dia / MusicGen parity suites on CUDA
+#     (TESTS=tests/test_dia.py: one of them; both take ~10 minutes with their engine starts)
 # Writes $OUT/families-<family>.json (frames/s at concurrency $CONC for both systems); copy them
 # to docs/benchmarks/ with the command line and record the table in docs/benchmarks/families.md.
 set -uo pipefail
@@ -37,6 +38,7 @@ case "${1:-bench}" in
     done
     ;;
   tests-guided)
-    python3 -m pytest -q -p no:cacheprovider -rA tests/test_dia.py tests/test_musicgen.py 2>&1 | tee "$OUT/pytest-guided.log" | tail -40
+    # shellcheck disable=SC2086
+    python3 -m pytest -q -p no:cacheprovider -rA ${TESTS:-tests/test_dia.py tests/test_musicgen.py} 2>&1 | tee "$OUT/pytest-guided.log" | tail -40
     ;;
 esac
