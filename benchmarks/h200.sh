@@ -13,6 +13,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh csm          # CSM 1B vs transformers
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh stream       # time to first audio
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh asr          # Whisper tiny.en: tokens, WER, files/s
+#   source .gpu/unpack.sh && bash benchmarks/h200.sh asr-speed    # issue 23's table: speechctl vs transformers, greedy and beam 5
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh turn         # TTFA + chat turn (Whisper, LM, TTS)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
 #     (SPLIT_ARGS="--max-num-batched-tokens 2048": the token budget speechctl had before offline_engine;
@@ -108,6 +109,12 @@ for stage in "$@"; do
       HF_ORACLE=1 timeout "${ASR_TIMEOUT:-300}" python3 benchmarks/asr_check.py whisper-tiny.en "$OUT/asr-h200.json" \
         docs/benchmarks/asr-cpu.json auto float32 2>&1 | grep -vE "WARNING|INFO" | tail -8 | tee "$OUT/asr.log"
       python3 -m speechctl.cli asr samples/asr/13.flac > "$OUT/asr-cli.txt" 2>&1; tail -2 "$OUT/asr-cli.txt"
+      ;;
+    asr-speed)  # issue 23's speed table: speechctl against transformers (and CTranslate2 where it is installed)
+      timeout "${ASR_TIMEOUT:-540}" python3 benchmarks/asr_speed.py --model whisper-tiny.en --batch "${ASR_BATCH:-1,16,64}" \
+        --files "${ASR_FILES:-128}" --modes greedy,beam5 --systems speechctl,transformers,ctranslate2 --dtype auto \
+        --max-tokens 224 --out "$OUT/asr-speed-h200.json" --plot "$OUT/asr-speed-h200.png" > "$OUT/asr-speed.log" 2>&1
+      grep -vE "WARNING|INFO" "$OUT/asr-speed.log" | tail -30
       ;;
     turn)
       timeout "${TURN_TIMEOUT:-300}" python3 -m speechctl.cli bench --stream --shape llama-1b --concurrency 1 --frames 128 \
