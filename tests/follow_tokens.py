@@ -8,7 +8,8 @@ instead, as ``test_parity``'s tolerant check does with its own reference: a logi
 last in transformers' list (after its CFG, its channel and end rules) notes, at every step, how
 far below transformers' own choice each of our free choices scores, then forces our token, so
 the next step conditions on our output. A rule token that transformers forces scores -inf when
-ours differs: a gap of inf, never a tie.
+ours differs: a gap of inf, never a tie. (So does a token that Dia's CFG filter keeps out of
+transformers' top-k by a near tie at the k-th place; no run has met one.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-TIE_GAP = 0.02  # a reference top-two gap under this is a numerical tie (CUDA only)
+# A reference's top-two gap under this is a numerical tie (CUDA only; the tiny test models' logits
+# span about ±5). Every CUDA parity check uses it (test_parity, test_valle, Dia, MusicGen).
+TIE_GAP = 0.02
 
 
 class FollowTokens:
@@ -45,9 +48,9 @@ class FollowTokens:
 
 @contextlib.contextmanager
 def put_last(model, follow: FollowTokens):
-    """Within: ``model.generate`` runs ``follow`` after its own logits processors (the list a
-    model's ``_get_logits_processor`` builds, its CFG merge first: Dia and MusicGen put theirs
-    there, before any processor passed to ``generate``)."""
+    """Within: ``model.generate`` runs ``follow`` after the model's own logits processors (the
+    list its ``_get_logits_processor`` builds). Passing it to ``generate`` would not do: Dia's
+    list drops what it is passed, and MusicGen's runs it before its CFG merge."""
     from transformers import LogitsProcessorList
 
     chain = model._get_logits_processor

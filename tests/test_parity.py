@@ -4,10 +4,10 @@ token on every stream, under continuous batching, chunked prefill, preemption an
 import numpy as np
 import pytest
 
+from follow_tokens import TIE_GAP
 from reference import RefRequest
 
 pytestmark = pytest.mark.engine
-TIE_GAP = 0.02  # logit gap under which two choices are a numerical tie (logits here span ~±5)
 TIES = []  # near-tie flips seen on CUDA, all tests of this module
 
 CONFIGS = {

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from follow_tokens import TIE_GAP
 
 pytestmark = pytest.mark.engine
-TIE_GAP = 0.02  # as test_parity: a reference top-two gap under this is a numerical tie (CUDA only)
 
 # 4 usable KV blocks of 32 positions for requests of 20-110 (preemption, checked below); prefill
 # chunks of 64 positions (the longest prompts are split); CFG prompts up to 32 positions fit
