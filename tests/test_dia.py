@@ -124,15 +124,14 @@ def hf_follow(model, processor, texts, ours, voice=None, **generate) -> FollowTo
 
 
 def delayed(codes: np.ndarray, delays) -> np.ndarray:
-    """[9, T] codes -> the [steps, 9] channels Dia generates: BOS for the first delay[c] steps,
-    then the codes, EOS, PAD (transformers' delay pattern)."""
-    T, D = codes.shape[1], max(delays)
-    out = np.full((T + D + 1, len(delays)), PAD)
-    for c, d in enumerate(delays):
-        out[:d, c] = BOS
-        out[d : d + T, c] = codes[c]
-        out[d + T, c] = EOS
-    return out
+    """[9, T] codes -> the [steps, 9] channels Dia generates: the codes and an EOS frame under
+    transformers' own delay pattern (DiaProcessor's: BOS before each channel's delay, PAD after)."""
+    from transformers import DiaProcessor
+
+    T, D, C = codes.shape[1], max(delays), len(delays)
+    frames = np.concatenate([codes.T, np.full((1, C), EOS), np.full((D, C), PAD)])[None]  # [1, T + 1 + D, 9]
+    index = DiaProcessor.build_indices(1, T + 1 + D, C, list(delays))
+    return DiaProcessor.apply_audio_delay(torch.as_tensor(frames), PAD, BOS, index)[0].numpy()
 
 
 def assert_equal(out, expected, name):
