@@ -77,12 +77,11 @@ def run_throughput_bench(
     if (ours[0]["steps_per_request"], ours[0]["prompt_tokens"]) != (steps, prompt_len):
         raise EngineError("plain baseline and speechctl workloads differ")
     rows = [_fastest([run["rows"][i] for run in ours]) for i in range(len(concurrencies))]
-    main_mode = "graphs" if "graphs_frames_per_s" in rows[0] else "eager"
     if bases:
         for i, row in enumerate(rows):
             runs = [base["rows"][i]["tokens_per_s"] for base in bases]
             row["plain_vllm_tokens_per_s"], row["plain_vllm_runs"] = max(runs), runs
-            row["overhead_ratio"] = round(row[f"{main_mode}_frames_per_s"] / max(runs), 3)
+            row["overhead_ratio"] = round(_main_rate(row) / max(runs), 3)
             log(f"c={row['concurrency']:4d} plain vLLM {max(runs)} tokens/s (runs {runs})  ratio {row['overhead_ratio']}")
     codec = _codec_bench(codec_requests, frames, codec_config, repeats) if codec_requests else None
     if codec:
@@ -142,6 +141,7 @@ def measure_speechctl(shape, concurrencies, frames, repeats, eager_too=True, eng
 
 
 def _main_rate(row: dict) -> float:
+    """A row's frames/s with the per-step graphs where they ran, else eager."""
     return row.get("graphs_frames_per_s", row.get("eager_frames_per_s"))
 
 
