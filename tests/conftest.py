@@ -34,6 +34,16 @@ def reference(tiny_checkpoint):
     return ReferenceModel(tiny_checkpoint)
 
 
+@pytest.fixture
+def shared_engines_closed():
+    """For a test whose CLI calls load shared engines (``api.shared``): they are closed after it,
+    failed or not, so that a failure does not keep the device's memory from the tests after it."""
+    yield
+    from speechctl import api
+
+    api.close_shared()
+
+
 @pytest.fixture(scope="module")
 def engines_of_this_module():
     """Start with engines of this module's own (also for its CLI calls): when vLLM frees an

@@ -249,6 +249,37 @@ def test_following_transformers_catches_a_token_it_would_not_choose(hf_model, pr
         assert_near_ties(follow, "changed")
 
 
+def test_following_transformers_allows_a_flip_at_the_cfg_filters_edge():
+    """Dia's filter keeps the merged scores' top k, then takes the best conditional score among
+    them. Where the k-th and (k+1)-th merged scores are within rounding, either token may be in
+    the set, and a choice that follows from the other set is a tie, however far apart their
+    conditional scores are; the same choice with the edge clear is caught."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import DiaClassifierFreeGuidanceLogitsProcessor
+
+    from follow_tokens import _WatchDiaFilter
+
+    scale, cond = 3.0, torch.tensor([[1.0, 2.0, 3.0, 0.0]])
+
+    def check(merged, ours):
+        uncond = cond - (torch.tensor([merged]) - cond) / scale  # so that cond + s (cond - uncond) = merged
+        follow = FollowTokens(lambda position: (np.array([ours]), np.array([True])))
+        cfg = _WatchDiaFilter(DiaClassifierFreeGuidanceLogitsProcessor(scale, guidance_top_k=2), follow)
+        LogitsProcessorList([cfg, follow])(torch.zeros((1, 5), dtype=torch.long), torch.cat([cond, uncond]))
+        return follow
+
+    # merged: token 0 clearly in, tokens 1 and 2 tied at the edge (transformers keeps 1 and chooses it)
+    follow = check([10.0, 5.0, 4.999, -10.0], ours=2)
+    assert len(follow.disagreements) == 1
+    assert_near_ties(follow, "edge tie")
+    follow = check([10.0, 5.0, 4.0, -10.0], ours=2)  # token 2 clearly out: ours could not have chosen it
+    with pytest.raises(AssertionError, match="not a near tie"):
+        assert_near_ties(follow, "clear edge")
+    follow = check([10.0, 5.0, 4.999, -10.0], ours=0)  # token 0 while 1 and 2 both beat it
+    with pytest.raises(AssertionError, match="not a near tie"):
+        assert_near_ties(follow, "below both")
+
+
 def test_cfg_filter_and_scale_change_the_output(engine):
     """Guidance changes the output (else the parity test would not test it): Dia's filter picks
     from the conditional logits on the guided top-k, so with k = the vocabulary it is off; the
@@ -287,7 +318,7 @@ def test_codec_decode_equals_transformers(codec, processor):
         np.testing.assert_array_equal(codes, ref)
 
 
-def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, dia_path, processor, monkeypatch):
+def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, dia_path, processor, monkeypatch, shared_engines_closed):
     """nari-labs/Dia-1.6B-0626 as published (``published.nari_like``: shards, decoy copies of the
     weights, the codec named by hub id in audio_tokenizer_config.json), in a hub cache offline:
     ``speechctl tts --model nari-labs/Dia-1.6B-0626`` with no flags takes its weights by
@@ -334,6 +365,3 @@ def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, dia_pat
         np.testing.assert_array_equal(codes, expected)
     follow = hf_follow(model, processor, [text], [delayed(codes, model.config.delay_pattern)], generation_config=defaults)
     assert_near_ties(follow, "published layout")  # (CUDA's check; the CPU runs it too)
-    from speechctl import api
-
-    api.close_shared()

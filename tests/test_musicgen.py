@@ -197,7 +197,7 @@ def test_codec_decode_and_encode_equal_transformers(codec, hf_model):
         np.testing.assert_array_equal(codes, ref)
 
 
-def test_api_streams_what_it_runs_and_cli_takes_seconds(musicgen_path, tmp_path):
+def test_api_streams_what_it_runs_and_cli_takes_seconds(musicgen_path, tmp_path, shared_engines_closed):
     """``Speech.stream_tts`` chunks concatenate to ``Speech.tts`` (EnCodec's LSTM: windows from
     the start), and ``speechctl tts --seconds S`` writes S seconds of music."""
     from click.testing import CliRunner
@@ -218,10 +218,9 @@ def test_api_streams_what_it_runs_and_cli_takes_seconds(musicgen_path, tmp_path)
                                       "--temperature", "0", "-o", str(tmp_path / "music.wav")], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert len(read_audio(tmp_path / "music.wav", 32000)) == 25 * 640
-    api.close_shared()
 
 
-def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, musicgen_path, monkeypatch):
+def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, musicgen_path, monkeypatch, shared_engines_closed):
     """facebook/musicgen-small as published (``published.facebook_musicgen_like``: decoy copies
     of the weights beside model.safetensors, EnCodec inside), in a hub cache offline:
     ``speechctl tts --model facebook/musicgen-small`` with no flags takes its weights by
@@ -265,6 +264,3 @@ def test_published_layout_by_hub_id_takes_its_defaults(tmp_path_factory, musicge
         np.testing.assert_array_equal(codes, expected)
     follow = hf_follow(model, ids.input_ids, ids.attention_mask, [codes], generation_config=defaults)
     assert_near_ties(follow, "published layout")  # (CUDA's check; the CPU runs it too)
-    from speechctl import api
-
-    api.close_shared()
