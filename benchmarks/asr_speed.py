@@ -124,9 +124,17 @@ class Speechctl:
         opts = PLAIN_GREEDY.with_(beam_size=MODES[mode])
         jobs = [AsrJob(id=str(i), audio=a, whisper=opts, max_tokens=self.max_tokens) for i, a in enumerate(audio)]
         self.asr.encoder.cache.clear()  # every measurement encodes its windows (no outputs kept from the last)
+        stats, render = dict(self.asr.stats), self.asr._prerender
+        waited, ahead, inline = render.waited_s, render.rendered_ahead, render.rendered_inline
         t = time.perf_counter()
         results = {r.id: r for r in self.asr.run(jobs, max_lanes=batch * MODES[mode])}
         seconds = time.perf_counter() - t
+        # where the time went: the engine's steps, and the main thread's wait for rendered windows
+        self.detail = {"steps": self.asr.stats["steps"] - stats["steps"],
+                       "step_s": round(self.asr.stats["step_s"] - stats["step_s"], 3),
+                       "admitting_steps": self.asr.stats["admitting_steps"] - stats["admitting_steps"],
+                       "render_wait_s": round(render.waited_s - waited, 3),
+                       "rendered_ahead": render.rendered_ahead - ahead, "rendered_inline": render.rendered_inline - inline}
         return [results[str(i)].text or "" for i in range(len(audio))], seconds
 
     def close(self):
@@ -276,7 +284,8 @@ def main(argv=None) -> dict:
                 system.run(warm_audio[:batch], mode, batch)  # warm-up, untimed
                 texts, seconds = system.run(audio, mode, batch)
                 row = {"system": cls.name, "mode": mode, "batch": batch, "files": len(audio), "wall_s": round(seconds, 3),
-                       "audio_s_per_s": round(record["audio_s"] / seconds, 1), "wer": wer(sentences, texts), "startup_s": startup}
+                       "audio_s_per_s": round(record["audio_s"] / seconds, 1), "wer": wer(sentences, texts), "startup_s": startup,
+                       **getattr(system, "detail", {})}
                 record["results"].append(row)
                 print(json.dumps(row), flush=True)
                 out.write_text(json.dumps(record, indent=1) + "\n")  # a timeout keeps what ran

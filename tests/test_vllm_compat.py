@@ -656,6 +656,26 @@ def test_whisper_encoder_outputs_are_never_shared_by_vllm():
     assert "model.embed_multimodal(" in inspect.getsource(GPUModelRunner._execute_mm_encoder)
 
 
+def test_a_rendered_prompt_is_taken_as_it_is():
+    """render_prompt: vLLM turns off its multimodal processor cache for encoder-decoder models,
+    so every request would compute its audio's features again; ``process_inputs`` takes an
+    already rendered prompt (a dict with ``type``) without processing it (0.26 and 0.32)."""
+    from vllm.config import ModelConfig
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    post_init = inspect.getsource(ModelConfig.__post_init__)
+    assert "if self.is_encoder_decoder:" in post_init and "mm_processor_cache_gb = 0" in post_init
+    assert 'if isinstance(prompt, dict) and "type" in prompt:' in inspect.getsource(InputProcessor.process_inputs)
+    if vllm_compat.VLLM_SERIES == "0.26":
+        from vllm.inputs.preprocess import InputPreprocessor
+
+        assert "def preprocess(" in inspect.getsource(InputPreprocessor)
+    else:
+        from vllm.renderers.base import BaseRenderer
+
+        assert "def render_cmpl(" in inspect.getsource(BaseRenderer) and "default_cmpl_tok_params" in inspect.getsource(BaseRenderer)
+
+
 @pytest.mark.engine
 def test_whisper_shims_on_a_live_engine(tmp_path):
     """On a tiny random Whisper engine: the runner, the decoding logits processor, the budgets,
@@ -693,9 +713,11 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
             for c, s in zip(kv.caches, saved):
                 c.copy_(s)
         encoded = asr.encoder.encoded
+        renders = asr._prerender.rendered_ahead + asr._prerender.rendered_inline
         options = PLAIN_GREEDY.with_(beam_size=3)
         (result,) = asr.run([AsrJob(id="a", audio=noise_audio(1.0, 3), whisper=options, max_tokens=4)])
         assert result.error is None and len(result.tokens[0]) == 4
         assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass
+        assert asr._prerender.rendered_ahead + asr._prerender.rendered_inline == renders + 1  # and one rendering
     finally:
         asr.close()

@@ -16,6 +16,10 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
   encode it once per lane (and again for every fallback attempt), so an
   :class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's encoder
   (``vllm_compat.share_mm_encoder``) hands identical inputs one encoder pass.
+* **Features once per window, ahead of time.** vLLM computes a request's log-mel features on the
+  host inside ``add_request``, between steps, and never caches them for encoder-decoder models.
+  A window is rendered once for all its lanes (``vllm_compat.render_prompt``), on a worker thread
+  while the engine steps (:class:`~speechctl.asr.prerender.Prerender`), for the windows next in line.
 * **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
   lane that continues another lane's history gets that lane's self-attention KV blocks copied
   (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
@@ -30,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -64,7 +69,7 @@ class WhisperConfig:
     dtype: str = "auto"  # auto: float32 on CPU (exactly transformers' numbers), float16 on GPU
     kv_cache_bytes: int | None = None  # default: room for max_num_seqs lanes (explicit, so
     # that engines of one process do not count each other's memory)
-    max_num_batched_tokens: int | None = None  # default: max_group encoder inputs per step
+    max_num_batched_tokens: int | None = None  # default: max_group encoder inputs per step (CPU), every lane's (GPU)
     max_group: int = 8  # largest beam size / best-of a job may ask for
     gpu_memory_utilization: float | None = None
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
@@ -96,8 +101,12 @@ class WhisperConfig:
             # A group's lanes are added between two steps and must all run in the next one.
             async_scheduling=False,
             # Each lane of a group is an encoder input to vLLM's scheduler (the encoder runs once):
-            # one step must be able to take max_group of them.
-            max_num_batched_tokens=self.max_num_batched_tokens or (max(16384, group_tokens) if on_gpu else group_tokens),
+            # one step must be able to take max_group of them. On a GPU, every lane at once: a
+            # batch of windows starts in one step, and the steps after it are pure decode steps
+            # (whole CUDA graphs) rather than ~10 lanes joining at each of many mixed steps.
+            # (The CPU keeps the least: vLLM's start-up profile runs a batch this many tokens long.)
+            max_num_batched_tokens=self.max_num_batched_tokens or (
+                max(16384, group_tokens, config["max_source_positions"] * self.max_num_seqs) if on_gpu else group_tokens),
         )
         share = self.gpu_memory_utilization or (gpu_memory_share() if on_gpu else None)
         if share is not None:  # else vLLM's default
@@ -141,6 +150,7 @@ class WhisperAsr:
         from speechctl.asr.checkpoint import DEFAULT_ASR_MODEL, engine_dir, resolve_whisper
         from speechctl.asr.decoder import WhisperDecoding
         from speechctl.asr.encoder_cache import EncoderCache
+        from speechctl.asr.prerender import Prerender
         from speechctl.engine import vllm_compat
 
         vllm_compat.check_vllm_version()
@@ -174,7 +184,9 @@ class WhisperAsr:
         self._keys = itertools.count()
         self._aligner = None
         self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
-        self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0}
+        self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0, "steps": 0, "step_s": 0.0,
+                      "admitting_steps": 0}
+        self._prerender = Prerender(self._render, depth=self.config.max_num_seqs)
 
     # -- one-shot -------------------------------------------------------------------------------
 
@@ -218,7 +230,8 @@ class WhisperAsr:
                         else:
                             inputs.append(state)
                             self._queue(state, ready)
-                self._admit(ready, live, max_lanes)
+                if self._admit(ready, live, max_lanes):
+                    self.stats["admitting_steps"] += 1  # steps that start lanes (no whole CUDA graph)
                 for state in [s for s in inputs if s.done]:  # failed while being added
                     inputs.remove(state)
                     yield from self._finish([state], to_align)
@@ -233,7 +246,11 @@ class WhisperAsr:
                         state.error = f"{state.job.id}: window {w} does not fit the engine's budgets {self.budgets}"
                     continue
                 self.peak_live = max(self.peak_live, len(live))
-                for out in self._engine.step():
+                started = time.perf_counter()
+                outputs = self._engine.step()
+                self.stats["steps"] += 1
+                self.stats["step_s"] += time.perf_counter() - started
+                for out in outputs:
                     if not out.finished or out.request_id not in live:
                         continue
                     group, lane = live.pop(out.request_id)
@@ -243,10 +260,14 @@ class WhisperAsr:
                 finished = [s for s in inputs if s.done]
                 for state in finished:
                     inputs.remove(state)
+                if finished:
+                    alive = {id(s) for s in inputs}
+                    self._prerender.forget(lambda key: key[0] in alive)
                 yield from self._finish(finished, to_align)
                 if len(to_align) >= self.config.align_batch or (to_align and not live and not ready):
                     yield from self._flush_alignment(to_align)
         finally:  # the caller stopped early (or failed): leave nothing running in the engine
+            self._prerender.clear()
             if live:
                 self._engine.abort_request(list(live))
                 slots = {s for g, _ in live.values() for s in g.slots}
@@ -302,8 +323,7 @@ class WhisperAsr:
 
         options, v = state.options, self.vocab
         temperature = options.temperatures[t_index]
-        prompt = state.prompt()
-        decoder_prompt = ([v.sot_prev] + prompt if prompt else []) + [v.sot]
+        decoder_prompt = self._decoder_prompt(state)
         forced: list[int] = []
         if v.multilingual:
             forced += [state.language if state.language is not None else DETECT,
@@ -322,6 +342,23 @@ class WhisperAsr:
         if mode == BEAM:
             group.beam = BeamGroup(lanes, options.max_candidates, options.length_penalty, sample_len, self.eot)
         return group, decoder_prompt, sample_len
+
+    def _decoder_prompt(self, state) -> list[int]:
+        """``[<|startofprev|> previous text] <|startoftranscript|>``."""
+        prompt, v = state.prompt(), self.vocab
+        return ([v.sot_prev] + prompt if prompt else []) + [v.sot]
+
+    def _render(self, audio: np.ndarray, decoder_prompt: list[int]):
+        """A window as vLLM takes it, its log-mel features computed (``Prerender``'s worker)."""
+        from speechctl.engine import vllm_compat
+
+        return vllm_compat.render_prompt(self._engine, {
+            "encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}},
+            "decoder_prompt": {"prompt_token_ids": list(decoder_prompt)}})
+
+    @staticmethod
+    def _window_key(state, w: int, decoder_prompt: list[int]) -> tuple:
+        return id(state), w, tuple(decoder_prompt)
 
     def _admit(self, ready: deque, live: dict, max_lanes: int | None = None) -> bool:
         """Add groups from ``ready`` while the next step can take all of their lanes."""
@@ -343,6 +380,11 @@ class WhisperAsr:
             seqs, tokens, encoder = seqs - n, tokens - n * len(prompt), encoder - n * self.encoder_positions
             self._submit(group, prompt, sample_len, n, live)
             admitted = True
+        # the windows next in line: their features computed while the engine steps
+        self._prerender.ahead(
+            (self._window_key(state, w, self._decoder_prompt(state)), lambda s=state, w=w: s.window_audio(w),
+             self._decoder_prompt(state))
+            for state, w, _ in itertools.islice(ready, self._prerender.depth) if state.error is None)
         return admitted
 
     def _submit(self, group: _Group, prompt: list[int], sample_len: int, n: int, live: dict) -> None:
@@ -367,8 +409,14 @@ class WhisperAsr:
                 group=group.beam, lane=lane, lane0_slot=slots[0],
             )
         self.decoding.open_lanes(specs)
-        audio = state.window_audio(group.window)
-        encoder_prompt = {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}}
+        try:  # the log-mel features once for all lanes (vLLM would compute them for each)
+            rendered = self._prerender.take(self._window_key(state, group.window, prompt),
+                                            lambda: state.window_audio(group.window), prompt)
+        except vllm_compat.REQUEST_ERRORS as e:
+            state.error = f"{state.job.id}: {str(e).splitlines()[0]}"
+            self.decoding.close_lanes(slots)
+            self._free_slots.extend(slots)
+            return
         extra = len(group.forced) + sample_len
         self.stats["groups"] += 1
         for lane, slot in enumerate(slots):
@@ -378,7 +426,7 @@ class WhisperAsr:
                 output_kind=RequestOutputKind.FINAL_ONLY, extra_args={SLOT_KEY: slot},
             )
             try:
-                self._engine.add_request(key, {"encoder_prompt": encoder_prompt, "decoder_prompt": {"prompt_token_ids": list(prompt)}}, params)
+                self._engine.add_request(key, rendered, params)
             except vllm_compat.REQUEST_ERRORS as e:
                 state.error = f"{state.job.id}: {str(e).splitlines()[0]}"
                 if group.keys:
@@ -516,6 +564,8 @@ class WhisperAsr:
                     s.text, s.words = "", []
 
     def close(self) -> None:
+        if getattr(self, "_prerender", None) is not None:
+            self._prerender.close()
         if getattr(self, "_llm", None) is not None:
             from speechctl.engine import vllm_compat
 

@@ -33,7 +33,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   Higgs' DualFFN; the kernel library is optional in vLLM),
   ``tensor_parallel_rank_and_size``, ``all_reduce``.
 * Whisper (``speechctl/asr/``): ``keep_whisper_decoder_prompts`` (prompts that begin with
-  ``<|startofprev|>``), ``engine_runner`` / ``runner_logits_processor`` (the decoding logits
+  ``<|startofprev|>``), ``render_prompt`` (a window's audio processed once for all its lanes),
+  ``engine_runner`` / ``runner_logits_processor`` (the decoding logits
   processor's instance), ``scheduler_budgets`` (what one step takes: a beam's lanes must step
   together), ``SelfAttentionKv`` (KV blocks copied between beam lanes), ``share_mm_encoder``
   (one encoder pass for identical audio inputs).
@@ -633,6 +634,27 @@ def keep_whisper_decoder_prompts() -> None:
     if not hasattr(WhisperMultiModalProcessor, "skip_decoder_start_token"):
         raise RuntimeError(f"vLLM {VLLM_VERSION}: multimodal processors lost skip_decoder_start_token (speechctl/engine/vllm_compat.py)")
     WhisperMultiModalProcessor.skip_decoder_start_token = True
+
+
+def render_prompt(llm_engine, prompt):
+    """``prompt`` as ``add_request`` would render it (its tokens and multimodal processing:
+    Whisper's log-mel features, on the host), done once: ``add_request`` takes the result for
+    every request that shares the prompt (a beam's lanes) and then skips the processing, which
+    vLLM never caches for encoder-decoder models (``ModelConfig`` sets the processor cache to 0).
+    0.26: ``InputProcessor.input_preprocessor.preprocess``; 0.32: ``Renderer.render_cmpl``. Both
+    take a rendered prompt (a dict with ``type``) as it is and share its parts between requests
+    as vLLM's own ``n > 1`` fan-out does."""
+    processor = llm_engine.input_processor
+    if VLLM_SERIES == "0.26":
+        rendered = processor.input_preprocessor.preprocess(prompt)
+    else:
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        renderer = processor.renderer
+        (rendered,) = renderer.render_cmpl([parse_model_prompt(processor.model_config, prompt)], renderer.default_cmpl_tok_params)
+    if not (isinstance(rendered, dict) and "type" in rendered):
+        raise RuntimeError(f"vLLM {VLLM_VERSION}: a rendered prompt is no longer a dict with 'type' (speechctl/engine/vllm_compat.py)")
+    return rendered
 
 
 def engine_runner(llm_engine):
