@@ -104,7 +104,7 @@ class WhisperConfig:
             # one step must be able to take max_group of them. On a GPU, every lane at once: a
             # batch of windows starts in one step, and the steps after it are pure decode steps
             # (whole CUDA graphs) rather than ~10 lanes joining at each of many mixed steps.
-            # (The CPU keeps the least: vLLM's start-up profile runs a batch this many tokens long.)
+            # (The CPU keeps the smaller budget it had; a larger one is not measured there.)
             max_num_batched_tokens=self.max_num_batched_tokens or (
                 max(16384, group_tokens, config["max_source_positions"] * self.max_num_seqs) if on_gpu else group_tokens),
         )
