@@ -14,6 +14,8 @@ warm-up at the same batch size (CUDA graphs, kernel autotuning). Decoding settin
 
 * speechctl: temperature 0 only, no context, no timestamps, OpenAI's no-speech check off
   (OpenAI's beam search: length normalisation, patience 1);
+* speechctl-gpu-mel (GPU only, when asked for): the same, its log-mel features computed on the GPU
+  (``WhisperConfig.feature_device="cuda"``: the feature extractor's ``device``);
 * transformers: ``generate(num_beams=1|5, max_new_tokens=224)``, the checkpoint's generation
   config (its beam search: length_penalty 1.0 over the generated length, early_stopping False);
 * CTranslate2: ``Whisper.generate(beam_size=1|5)`` on transformers' log-mel features, Whisper's
@@ -39,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples" / "asr"
 RATE = 16000
 MODES = {"greedy": 1, "beam5": 5}
-SYSTEMS = ("speechctl", "transformers", "ctranslate2")
+SYSTEMS = ("speechctl", "speechctl-gpu-mel", "transformers", "ctranslate2")
 
 
 def parse(argv):
@@ -48,7 +50,8 @@ def parse(argv):
     p.add_argument("--batch", default="1,16,64", help="windows in flight, comma-separated")
     p.add_argument("--files", type=int, default=128, help="windows per measurement")
     p.add_argument("--modes", default="greedy,beam5")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="skipped when not installed")
+    p.add_argument("--systems", default="speechctl,transformers,ctranslate2",
+                   help=f"of {', '.join(SYSTEMS)}; skipped when not installed (speechctl-gpu-mel: without a GPU)")
     p.add_argument("--dtype", default="auto", help="auto: float16 on CUDA, float32 on CPU")
     p.add_argument("--max-tokens", type=int, default=224)
     p.add_argument("--out", required=True)
@@ -109,12 +112,16 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
 
 class Speechctl:
     name = "speechctl"
+    feature_device = None  # the feature extractor's default: the CPU
 
     def __init__(self, args, on_gpu):
         from speechctl.asr import WhisperAsr, WhisperConfig
 
+        if self.feature_device == "cuda" and not on_gpu:
+            raise RuntimeError("needs a GPU")
         lanes = max(MODES[m] for m in args.modes)
-        self.asr = WhisperAsr(args.model, WhisperConfig(max_num_seqs=max(args.batch) * lanes, dtype=args.dtype))
+        self.asr = WhisperAsr(args.model, WhisperConfig(max_num_seqs=max(args.batch) * lanes, dtype=args.dtype,
+                                                        feature_device=self.feature_device))
         self.max_tokens = args.max_tokens
 
     def run(self, audio, mode, batch):
@@ -139,6 +146,13 @@ class Speechctl:
 
     def close(self):
         self.asr.close()
+
+
+class SpeechctlGpuMel(Speechctl):
+    """speechctl with the log-mel features computed on the GPU (WhisperConfig.feature_device)."""
+
+    name = "speechctl-gpu-mel"
+    feature_device = "cuda"
 
 
 class Transformers:
@@ -268,7 +282,7 @@ def main(argv=None) -> dict:
               "audio_s": round(sum(len(a) for a in audio) / RATE, 2), "environment": environment(on_gpu), "results": [],
               "notes": __doc__.split("\n\n", 2)[2].strip()}
     out = Path(args.out)
-    for cls in (Speechctl, Transformers, CTranslate2):
+    for cls in (Speechctl, SpeechctlGpuMel, Transformers, CTranslate2):
         if cls.name not in args.systems:
             continue
         try:

@@ -61,3 +61,16 @@ def test_a_render_error_reaches_the_taker_and_forgotten_windows_are_dropped():
         assert not pre._pending
     finally:
         pre.close()
+
+
+def test_log_mel_on_a_gpu_needs_one(tmp_path):
+    """WhisperConfig.feature_device="cuda" without a GPU: a one-line error before any engine."""
+    from speechctl.accelerator import has_cuda
+    from speechctl.asr import WhisperAsr, WhisperConfig
+    from speechctl.errors import SpeechctlError
+    from test_asr_reference import make_checkpoint
+
+    if has_cuda():
+        pytest.skip("a GPU is here")
+    with pytest.raises(SpeechctlError, match="feature_device='cuda': no GPU here"):
+        WhisperAsr(make_checkpoint(tmp_path / "en", "en"), WhisperConfig(feature_device="cuda"))

@@ -719,5 +719,9 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
         assert result.error is None and len(result.tokens[0]) == 4
         assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass
         assert asr._prerender.rendered_ahead + asr._prerender.rendered_inline == renders + 1  # and one rendering
+        asr.config.feature_device = "bogus"  # WhisperConfig.feature_device reaches transformers' feature extractor
+        with pytest.raises(ValueError, match="'device': 'bogus'"):
+            asr._render(noise_audio(1.0, 3), [asr.vocab.sot])
+        asr.config.feature_device = None
     finally:
         asr.close()

@@ -72,6 +72,8 @@ class WhisperConfig:
     max_num_batched_tokens: int | None = None  # default: max_group encoder inputs per step (CPU), every lane's (GPU)
     max_group: int = 8  # largest beam size / best-of a job may ask for
     gpu_memory_utilization: float | None = None
+    feature_device: str | None = None  # where the log-mel features are computed (the feature
+    # extractor's ``device``, e.g. "cuda"); None: its default, the CPU
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
     align_batch: int = 8  # windows per word-timestamp pass
@@ -162,6 +164,8 @@ class WhisperAsr:
         self.model_dir = resolve_whisper(model)
         self.config = config or WhisperConfig()
         self.on_gpu = has_cuda()
+        if self.config.feature_device not in (None, "cpu") and not self.on_gpu:
+            raise SpeechctlError(f"WhisperConfig.feature_device={self.config.feature_device!r}: no GPU here")
         args = self.config.engine_args(engine_dir(self.model_dir), self.on_gpu)
         vllm_compat.keep_whisper_decoder_prompts()
         with vllm_compat.other_engines_keep_their_graphs():
@@ -353,9 +357,11 @@ class WhisperAsr:
         """A window as vLLM takes it, its log-mel features computed (``Prerender``'s worker)."""
         from speechctl.engine import vllm_compat
 
+        encoder_prompt = {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}}
+        if self.config.feature_device is not None:
+            encoder_prompt["mm_processor_kwargs"] = {"device": self.config.feature_device}
         return vllm_compat.render_prompt(self._engine, {
-            "encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}},
-            "decoder_prompt": {"prompt_token_ids": list(decoder_prompt)}})
+            "encoder_prompt": encoder_prompt, "decoder_prompt": {"prompt_token_ids": list(decoder_prompt)}})
 
     @staticmethod
     def _window_key(state, w: int, decoder_prompt: list[int]) -> tuple:
