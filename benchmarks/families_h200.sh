@@ -6,7 +6,8 @@
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh guided  # Dia 1.6B, MusicGen-small with their CFG:
 #     speechctl beside transformers' generate with guidance, and the CFG efficiency (speechctl/bench/guided.py)
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests-guided  # the Dia / MusicGen parity suites on CUDA
-#     (TESTS=tests/test_dia.py: one of them; both take ~10 minutes with their engine starts)
+#     (TESTS=tests/test_dia.py: one of them; both take ~10 minutes with their engine starts;
+#      TESTS_K="a or b": pytest's -k)
 # Writes $OUT/families-<family>.json (frames/s at concurrency $CONC for both systems); copy them
 # to docs/benchmarks/ with the command line and record the table in docs/benchmarks/families.md.
 set -uo pipefail
@@ -39,6 +40,8 @@ case "${1:-bench}" in
     ;;
   tests-guided)
     # shellcheck disable=SC2086
-    python3 -m pytest -q -p no:cacheprovider -rA ${TESTS:-tests/test_dia.py tests/test_musicgen.py} 2>&1 | tee "$OUT/pytest-guided.log" | tail -40
+    # TESTS_K: a -k expression (spaces and all; TESTS itself is split on spaces)
+    python3 -m pytest -q -p no:cacheprovider -rA ${TESTS:-tests/test_dia.py tests/test_musicgen.py} ${TESTS_K:+-k "$TESTS_K"} \
+      2>&1 | tee "$OUT/pytest-guided.log" | tail -40
     ;;
 esac
