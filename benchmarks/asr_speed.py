@@ -22,7 +22,11 @@ warm-up at the same batch size (CUDA graphs, kernel autotuning). Decoding settin
   suppression (faster-whisper's defaults), the bundled model.bin (whisper-tiny.en only).
 
 The JSON records the exact command (every option spelled out), versions and device; ``--plot``
-draws audio-s/s against batch size.
+draws audio-s/s against batch size. speechctl's rows also say where the time went: its engine
+steps (``step_s``; ``apply_s`` of it is the host in speechctl's logits processor, ``beam_s`` the
+beam steps' share of that), the time outside steps (admission, rendering waits, results), the
+steps that admitted lanes, beam restarts; ``--profile speechctl`` adds a cProfile of one more,
+untimed run of each row (the main thread's top functions).
 """
 
 from __future__ import annotations
@@ -54,13 +58,17 @@ def parse(argv):
                    help=f"of {', '.join(SYSTEMS)}; skipped when not installed (speechctl-gpu-mel: without a GPU)")
     p.add_argument("--dtype", default="auto", help="auto: float16 on CUDA, float32 on CPU")
     p.add_argument("--max-tokens", type=int, default=224)
+    p.add_argument("--profile", default="",
+                   help="systems (comma-separated) whose rows, after their timed run, run once more under cProfile "
+                        "to record the functions that held the main thread longest (timed runs are never profiled)")
     p.add_argument("--out", required=True)
     p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
     args.batch = [int(b) for b in str(args.batch).split(",")]
     args.modes = [m for m in str(args.modes).split(",") if m]
     args.systems = [s for s in str(args.systems).split(",") if s]
-    bad = [m for m in args.modes if m not in MODES] + [s for s in args.systems if s not in SYSTEMS]
+    args.profile = [s for s in str(args.profile).split(",") if s]
+    bad = [m for m in args.modes if m not in MODES] + [s for s in args.systems + args.profile if s not in SYSTEMS]
     if bad:
         p.error(f"unknown mode/system {bad}")
     return args
@@ -71,6 +79,8 @@ def command(args) -> str:
     parts = ["python", "benchmarks/asr_speed.py", "--model", str(args.model), "--batch", ",".join(map(str, args.batch)),
              "--files", str(args.files), "--modes", ",".join(args.modes), "--systems", ",".join(args.systems),
              "--dtype", args.dtype, "--max-tokens", str(args.max_tokens), "--out", args.out]
+    if args.profile:
+        parts += ["--profile", ",".join(args.profile)]
     if args.plot:
         parts += ["--plot", args.plot]
     return " ".join(parts)
@@ -131,18 +141,24 @@ class Speechctl:
         opts = PLAIN_GREEDY.with_(beam_size=MODES[mode])
         jobs = [AsrJob(id=str(i), audio=a, whisper=opts, max_tokens=self.max_tokens) for i, a in enumerate(audio)]
         self.asr.encoder.cache.clear()  # every measurement encodes its windows (no outputs kept from the last)
-        stats, render = dict(self.asr.stats), self.asr._prerender
-        waited, ahead, inline = render.waited_s, render.rendered_ahead, render.rendered_inline
+        before = self._counters()
         t = time.perf_counter()
         results = {r.id: r for r in self.asr.run(jobs, max_lanes=batch * MODES[mode])}
         seconds = time.perf_counter() - t
-        # where the time went: the engine's steps, and the main thread's wait for rendered windows
-        self.detail = {"steps": self.asr.stats["steps"] - stats["steps"],
-                       "step_s": round(self.asr.stats["step_s"] - stats["step_s"], 3),
-                       "admitting_steps": self.asr.stats["admitting_steps"] - stats["admitting_steps"],
-                       "render_wait_s": round(render.waited_s - waited, 3),
-                       "rendered_ahead": render.rendered_ahead - ahead, "rendered_inline": render.rendered_inline - inline}
+        # where the time went: the engine's steps (our logits processor's host time inside them),
+        # the beams, the main thread's wait for rendered windows; the rest is the driver's own
+        after = self._counters()
+        self.detail = {k: round(after[k] - before[k], 3) if isinstance(after[k], float) else after[k] - before[k] for k in after}
+        self.detail["outside_steps_s"] = round(seconds - self.detail["step_s"], 3)
         return [results[str(i)].text or "" for i in range(len(audio))], seconds
+
+    def _counters(self) -> dict:
+        asr, decoding, render = self.asr.stats, self.asr.decoding.stats, self.asr._prerender
+        return {"steps": asr["steps"], "step_s": asr["step_s"], "admitting_steps": asr["admitting_steps"],
+                "restarts": asr["restarts"], "apply_s": decoding["apply_s"], "beam_steps": decoding["beam_steps"],
+                "beam_s": decoding["beam_s"], "kv_copies": decoding["kv_copies"], "broken_groups": decoding["broken_groups"],
+                "render_wait_s": render.waited_s, "rendered_ahead": render.rendered_ahead,
+                "rendered_inline": render.rendered_inline}
 
     def close(self):
         self.asr.close()
@@ -225,6 +241,32 @@ class CTranslate2:
 # --------------------------------------------------------------------------------------------
 
 
+def profiled(run, top: int = 30) -> dict:
+    """``run()`` under cProfile: its wall time, the ``top`` functions by own time and by
+    cumulative time, and speechctl's own functions by cumulative time (seconds, calls), each as
+    "folder/file:line(function)"."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    t = time.perf_counter()
+    profile.runcall(run)
+    wall = time.perf_counter() - t
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, primitive calls, own, cumulative, callers)}
+
+    def name(key):
+        file, line, function = key
+        return f"{'/'.join(Path(file).parts[-2:])}:{line}({function})"
+
+    def ranked(index, keep=lambda key: True):
+        rows = sorted(((k, v) for k, v in stats.items() if keep(k)), key=lambda kv: kv[1][index], reverse=True)[:top]
+        return [[name(k), round(v[index], 4), v[0]] for k, v in rows]
+
+    ours = str(ROOT / "speechctl")
+    return {"wall_s": round(wall, 3), "own": ranked(2), "cumulative": ranked(3),
+            "speechctl": ranked(3, lambda key: key[0].startswith(ours))}
+
+
 def environment(on_gpu: bool) -> dict:
     import torch
     import transformers
@@ -282,9 +324,8 @@ def main(argv=None) -> dict:
               "audio_s": round(sum(len(a) for a in audio) / RATE, 2), "environment": environment(on_gpu), "results": [],
               "notes": __doc__.split("\n\n", 2)[2].strip()}
     out = Path(args.out)
-    for cls in (Speechctl, SpeechctlGpuMel, Transformers, CTranslate2):
-        if cls.name not in args.systems:
-            continue
+    classes = {cls.name: cls for cls in (Speechctl, SpeechctlGpuMel, Transformers, CTranslate2)}
+    for cls in (classes[name] for name in args.systems):  # in the order asked for (a timeout keeps the first)
         try:
             t = time.perf_counter()
             system = cls(args, on_gpu)
@@ -300,8 +341,10 @@ def main(argv=None) -> dict:
                 row = {"system": cls.name, "mode": mode, "batch": batch, "files": len(audio), "wall_s": round(seconds, 3),
                        "audio_s_per_s": round(record["audio_s"] / seconds, 1), "wer": wer(sentences, texts), "startup_s": startup,
                        **getattr(system, "detail", {})}
+                if cls.name in args.profile:
+                    row["profile"] = profiled(lambda: system.run(audio, mode, batch))
                 record["results"].append(row)
-                print(json.dumps(row), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
                 out.write_text(json.dumps(record, indent=1) + "\n")  # a timeout keeps what ran
         system.close()
     out.write_text(json.dumps(record, indent=1) + "\n")

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     out, png = tmp_path / "speed.json", tmp_path / "speed.png"
-    args = ["--batch", "1,2", "--files", "4", "--max-tokens", "40", "--out", str(out), "--plot", str(png)]
+    args = ["--batch", "1,2", "--files", "4", "--max-tokens", "40", "--profile", "speechctl", "--out", str(out), "--plot", str(png)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # this checkout's speechctl
     done = subprocess.run([sys.executable, "benchmarks/asr_speed.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -26,6 +26,16 @@ def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     assert len(rows) == 4 * len(systems)  # greedy and beam 5 at batch 1 and 2
     for r in rows:
         assert r["files"] == 4 and r["wall_s"] > 0 and r["audio_s_per_s"] > 0 and 0 <= r["wer"] < 70, r
+    for r in rows:  # speechctl says where its time went: steps, our logits processor, beams
+        if r["system"] != "speechctl":
+            assert "profile" not in r and "steps" not in r
+            continue
+        assert r["steps"] > 0 and 0 < r["apply_s"] < r["step_s"] < r["wall_s"] and r["restarts"] == 0, r
+        assert (r["beam_steps"] > 0 and 0 < r["beam_s"] < r["apply_s"]) if r["mode"] == "beam5" else r["beam_steps"] == 0, r
+        profile = r["profile"]  # the untimed profiled run, its main thread's functions
+        assert profile["wall_s"] > 0 and len(profile["own"]) == 30
+        assert any("engine.py" in f and "(step)" in f for f, _, _ in profile["cumulative"]), profile["cumulative"]
+        assert any(f.startswith("asr/decoder.py") and "(apply)" in f for f, _, _ in profile["speechctl"]), profile["speechctl"]
     same = {(r["mode"], r["system"]): r["wer"] for r in rows if r["batch"] == 1}
     assert same[("greedy", "speechctl")] == same[("greedy", "transformers")]  # the same greedy tokens
     assert png.stat().st_size > 10_000

@@ -30,6 +30,7 @@ device->host copy per step (the candidates) and one back (the choices).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,7 +115,10 @@ class WhisperDecoding(LogitsProcessor):
         self.slot_of_row: dict[int, int] = {}
         self._changed = True
         self._probe_rows: list[int] = []
-        self.stats = {"steps": 0, "beam_steps": 0, "kv_copies": 0, "unknown_rows": 0, "broken_groups": 0}
+        # counts, and the host's seconds in ``apply`` (on a GPU: launching its kernels, plus the
+        # beam steps' wait for their candidates) and in the beam steps alone
+        self.stats = {"steps": 0, "beam_steps": 0, "kv_copies": 0, "unknown_rows": 0, "broken_groups": 0,
+                      "apply_s": 0.0, "beam_s": 0.0}
 
     # -- the driver's side --------------------------------------------------------------------
 
@@ -227,6 +231,12 @@ class WhisperDecoding(LogitsProcessor):
         self._changed = False
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        out = self._apply(logits)
+        self.stats["apply_s"] += time.perf_counter() - started
+        return out
+
+    def _apply(self, logits: torch.Tensor) -> torch.Tensor:
         R = logits.shape[0]
         if self._changed or R != getattr(self, "_R", None):
             self._layout(R)
@@ -259,7 +269,9 @@ class WhisperDecoding(LogitsProcessor):
         beam_free = torch.zeros(R, dtype=torch.bool, device=self.device)
         eot_rows: list[int] = []
         if self._groups:
+            began = time.perf_counter()
             self._beam(lp, chosen, source, beam_free, eot_rows)
+            self.stats["beam_s"] += time.perf_counter() - began
         chosen = torch.where(forced_row, ftok, chosen)
         if eot_rows:
             chosen[torch.tensor(eot_rows, dtype=torch.long, device=self.device)] = v.eot
