@@ -101,6 +101,39 @@ def test_resampler_is_band_limited_and_exact_in_length():
 
 
 @needs_espeak
+def test_codes_made_while_the_data_is_spoken_are_the_codes_of_the_data(tmp_path):
+    """The LM stage encodes each chunk of speech while the workers speak the next: the same data,
+    the same codes and words as speaking everything first and encoding it after; a second call
+    reuses both."""
+    import transformers
+
+    from recipes.voice import codes, data
+
+    recipe = preset("tiny")
+    config = DataConfig(hours=0.01, heldout=3, max_chars=60)
+    torch.manual_seed(0)
+    transformers.DacModel(recipe.codec.dac_config()).eval().save_pretrained(tmp_path / "codec")
+    lines = []
+    made, coded = codes.ensure_with_data(tmp_path / "codec", config, tmp_path / "together", tmp_path / "together-codes",
+                                         "cpu", log=lines.append, chunk_seconds=5.0, workers=2)
+    apart = data.build(config, tmp_path / "apart", workers=1, log=None)
+    codes.extract(tmp_path / "codec", tmp_path / "apart", tmp_path / "apart-codes", "cpu", apart["sha256"], log=None)
+    assert made["sha256"] == apart["sha256"] and coded["data_sha256"] == apart["sha256"] and coded["made_with_data"]
+    train_seconds = made["splits"]["train"]["hours"] * 3600
+    assert train_seconds > 3 * 5.0  # several chunks
+    for name in ("train", "heldout"):
+        a, b = codes.load_codes(tmp_path / "together-codes", name), codes.load_codes(tmp_path / "apart-codes", name)
+        assert a.text == b.text and (a.frames == b.frames).all() and (a.offset == b.offset).all()
+        assert (a.words == b.words).all() and (a.word_counts == b.word_counts).all()
+        assert (a.codes == b.codes).all(), f"{name}: {(a.codes != b.codes).mean():.4f} of the codes differ"
+    assert any(line.startswith("codes:") and "encoded while the data was made" for line in lines), lines
+    lines.clear()
+    again = codes.ensure_with_data(tmp_path / "codec", config, tmp_path / "together", tmp_path / "together-codes", "cpu",
+                                   log=lines.append)
+    assert again == (made, coded) and lines == []  # nothing made again
+
+
+@needs_espeak
 def test_synthesis_is_deterministic(tmp_path):
     from recipes.voice import data
 

@@ -73,14 +73,21 @@ def load_codec_model(path: Path, device: str = "cpu"):
     return DacCodec(path, device).model
 
 
-@torch.no_grad()
 def encode_split(model, split, device: str, batch_seconds: float = 600.0) -> tuple[np.ndarray, np.ndarray]:
     """All utterances of a data split -> ([K, F] int16 codes back to back, [U] frame counts)."""
+    return encode_waves(model, split.length, split.wave, device, batch_seconds)
+
+
+@torch.no_grad()
+def encode_waves(model, lengths: np.ndarray, wave, device: str, batch_seconds: float = 600.0) -> tuple[np.ndarray, np.ndarray]:
+    """Utterances of ``lengths`` samples (``wave(i)``: utterance i, float32 in [-1, 1)) -> ([K, F]
+    int16 codes back to back, [U] frame counts), encoded in batches of about ``batch_seconds``
+    (padded) of similar lengths."""
     hop = math.prod(model.config.downsampling_ratios)
     rate = model.config.sampling_rate
-    frames = (split.length + hop - 1) // hop
+    frames = (np.asarray(lengths, np.int64) + hop - 1) // hop
     order = np.argsort(frames, kind="stable")
-    out: list[np.ndarray | None] = [None] * len(split)
+    out: list[np.ndarray | None] = [None] * len(frames)
     limit = max(1, int(batch_seconds * rate / hop))  # frames per batch (padded)
     i = 0
     while i < len(order):
@@ -94,7 +101,7 @@ def encode_split(model, split, device: str, batch_seconds: float = 600.0) -> tup
         T = int(frames[batch].max())
         x = np.zeros((len(batch), T * hop), dtype=np.float32)
         for row, u in enumerate(batch):
-            w = split.wave(int(u))
+            w = wave(int(u))
             x[row, : len(w)] = w
         codes = model.encode(torch.from_numpy(x).to(device)[:, None]).audio_codes.cpu().numpy()
         for row, u in enumerate(batch):
@@ -105,22 +112,77 @@ def encode_split(model, split, device: str, batch_seconds: float = 600.0) -> tup
     return flat, frames.astype(np.int64)
 
 
-def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256: str, log=print) -> dict:
-    """Encode every split of ``data_dir`` with the codec at ``codec_dir`` into ``out``."""
-    from speechctl.codecs.dac import codes_in_float32
+class ChunkEncoder:
+    """The codes of utterances as they are made (``data.build``'s ``sink``): waves gathered in
+    order and encoded about ``chunk_seconds`` of audio at a time, so that the device encodes one
+    chunk while the CPU workers speak the next; ``result(split)`` gives what ``encode_split``
+    gives for the finished split. ``busy_s``: the main process's time in the encoder."""
 
-    started = time.time()
+    def __init__(self, model, device: str, chunk_seconds: float = 3600.0, batch_seconds: float = 600.0):
+        self.model, self.device, self.batch_seconds = model, device, batch_seconds
+        self.chunk_samples = chunk_seconds * model.config.sampling_rate
+        self.pending: list[np.ndarray] = []
+        self.pending_samples = 0
+        self.parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.busy_s = 0.0
+
+    def add(self, split: str, wave: np.ndarray) -> None:
+        """``wave``: int16 samples."""
+        self.pending.append(wave)
+        self.pending_samples += len(wave)
+        if self.pending_samples >= self.chunk_samples:
+            self._encode(split)
+
+    def end(self, split: str) -> None:
+        self._encode(split)
+        self.parts.setdefault(split, [])
+
+    def _encode(self, split: str) -> None:
+        from speechctl.codecs.dac import codes_in_float32
+
+        started = time.perf_counter()
+        waves, self.pending, self.pending_samples = self.pending, [], 0
+        if waves:
+            with codes_in_float32():  # as speechctl computes codes (and ``extract``)
+                part = encode_waves(self.model, np.array([len(w) for w in waves], np.int64),
+                                    lambda i: waves[i].astype(np.float32) / 32768.0, self.device, self.batch_seconds)
+            self.parts.setdefault(split, []).append(part)
+        self.busy_s += time.perf_counter() - started
+
+    def result(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        parts = self.parts[split]
+        if not parts:
+            return np.zeros((self.model.config.n_codebooks, 0), np.int16), np.zeros(0, np.int64)
+        return np.concatenate([c for c, _ in parts], axis=1), np.concatenate([f for _, f in parts])
+
+
+def _deterministic(device: str) -> None:
     if device.startswith("cuda"):
         torch.backends.cudnn.deterministic = True  # same codes on every run of the same data
         torch.backends.cudnn.benchmark = False
-    model = load_codec_model(codec_dir, device)
+
+
+def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256: str, log=print,
+            encoded: ChunkEncoder | None = None) -> dict:
+    """Encode every split of ``data_dir`` with the codec at ``codec_dir`` into ``out``;
+    ``encoded``: the splits' codes already made while the data was (``ensure_with_data``)."""
+    from speechctl.codecs.dac import codes_in_float32
+
+    started = time.time()
+    _deterministic(device)
+    model = encoded.model if encoded is not None else load_codec_model(codec_dir, device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     splits = {}
     for name in SPLITS:
         split = load_split(data_dir, name)
-        with codes_in_float32():  # as speechctl computes codes
-            codes, frames = encode_split(model, split, device)
+        if encoded is not None:
+            codes, frames = encoded.result(name)
+        else:
+            with codes_in_float32():  # as speechctl computes codes
+                codes, frames = encode_split(model, split, device)
+        if len(frames) != len(split):
+            raise RuntimeError(f"codes of {len(frames)} {name} utterances for {len(split)} in {data_dir}")
         words = None
         if split.words is not None:  # word starts in frames (a word starting mid-frame: that frame)
             words = split.words.copy()
@@ -136,12 +198,14 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
         "num_codebooks": model.config.n_codebooks,
         "codebook_size": model.config.codebook_size,
         "splits": splits,
-        "seconds": round(time.time() - started, 1),
+        "seconds": round(time.time() - started + (encoded.busy_s if encoded is not None else 0.0), 1),
+        "made_with_data": encoded is not None,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if log:
+        how = f" (encoded while the data was made: {encoded.busy_s:.0f} s of its main loop)" if encoded is not None else ""
         log(f"codes: {splits['train']['frames']} train frames, {splits['heldout']['frames']} held out, "
-            f"{manifest['seconds']} s")
+            f"{manifest['seconds']} s{how}")
     return manifest
 
 
@@ -168,6 +232,22 @@ def ensure(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256:
     except (OSError, ValueError, KeyError):
         pass
     return extract(codec_dir, data_dir, out, device, data_sha256, log=log)
+
+
+def ensure_with_data(codec_dir: Path, config, data_dir: Path, out: Path, device: str, log=print,
+                     chunk_seconds: float = 3600.0, workers: int | None = None) -> tuple[dict, dict]:
+    """The data set of ``config`` (``data.ensure``'s) and its codes (``ensure``'s): (data manifest,
+    codes manifest). Where the data must be made, each hour of it is encoded on ``device`` as soon
+    as it is spoken, while the CPU workers speak the next (no second pass over the audio)."""
+    from recipes.voice import data
+
+    manifest = data.read_manifest(data_dir)
+    if data.matches(manifest, config):
+        return manifest, ensure(codec_dir, data_dir, out, device, manifest["sha256"], log=log)
+    _deterministic(device)
+    encoder = ChunkEncoder(load_codec_model(codec_dir, device), device, chunk_seconds)
+    manifest = data.build(config, data_dir, workers=workers, log=log, sink=encoder)
+    return manifest, extract(codec_dir, data_dir, out, device, manifest["sha256"], log=log, encoded=encoder)
 
 
 def load_codes(path: Path, name: str) -> CodeSplit:

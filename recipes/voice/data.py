@@ -197,10 +197,13 @@ class Split:
 
 
 def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours: float | None = None,
-          log=print) -> dict:
+          log=print, sink=None) -> dict:
     """Synthesize the corpus into ``out`` (replacing what is there); returns the manifest.
     ``limit_hours``: only the first sentences of the training text, about that much audio (the
-    codec needs less than the LM; a prefix of the corpus is the same whatever the limit)."""
+    codec needs less than the LM; a prefix of the corpus is the same whatever the limit).
+    ``sink``: takes every utterance as it is made, in order (``sink.add(split, wave)``, then
+    ``sink.end(split)``), on the main process while the workers speak the next ones (the voice's
+    codes are computed so: ``codes.ChunkEncoder``)."""
     out = Path(out)
     corpus = make_corpus(config)
     train = corpus.train
@@ -232,9 +235,15 @@ def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours
                     lengths.append(len(wave))
                     words.append(spoken)
                     position += len(wave)
+                    if sink is not None:
+                        sink.add(name, wave)
                     busy += time.perf_counter() - took
                     if log and (i + 1) % 5000 == 0:
                         log(f"data: {name} {i + 1}/{len(texts)} utterances, {time.time() - started:.0f} s")
+            if sink is not None:
+                took = time.perf_counter()
+                sink.end(name)
+                busy += time.perf_counter() - took
             flat_words = np.concatenate(words).astype("<i4") if words else np.zeros((0, 3), "<i4")
             np.save(tmp / f"{name}.words.npy", flat_words)
             index = {"text": texts, "offset": offsets, "length": lengths, "words": [len(w) for w in words]}
@@ -280,6 +289,12 @@ def read_manifest(path: Path) -> dict | None:
         return None
 
 
+def matches(manifest: dict | None, config: DataConfig, limit_hours: float | None = None) -> bool:
+    """Whether the data set of ``manifest`` is the one of these settings (and has word starts)."""
+    return (manifest is not None and manifest["config"] == asdict(config) and manifest.get("limit_hours") == limit_hours
+            and all("words_sha256" in split for split in manifest["splits"].values()))  # (made without words)
+
+
 def ensure(config: DataConfig, path: Path, expect_sha256: str | None = None, limit_hours: float | None = None,
            strict: bool = False, log=print) -> dict:
     """The data set of ``config`` (the first ``limit_hours`` of it) at ``path``: reused when its
@@ -288,8 +303,7 @@ def ensure(config: DataConfig, path: Path, expect_sha256: str | None = None, lim
     difference of the float64 resampler on another CPU) is an error with ``strict``, else a
     warning (a resumed codec sees random crops: one sample's LSB does not matter)."""
     manifest = read_manifest(path)
-    if (manifest is None or manifest["config"] != asdict(config) or manifest.get("limit_hours") != limit_hours
-            or not all("words_sha256" in split for split in manifest["splits"].values())):  # (made without words)
+    if not matches(manifest, config, limit_hours):
         manifest = build(config, path, limit_hours=limit_hours, log=log)
     if expect_sha256 and manifest["sha256"] != expect_sha256:
         message = (f"the data at {path} (sha256 {manifest['sha256'][:16]}) is not what the checkpoint was trained "

@@ -258,7 +258,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     """Train the LM for ``minutes`` on the codes of ``codec_model`` (a directory, or a folder
     holding its pack); a new run takes the data and codec settings from the codec's record and
     the LM settings from ``recipe``. ``out`` receives lm.tar.partNN and lm.sha256 (lm-loss.png inside)."""
-    from recipes.voice import codes, data
+    from recipes.voice import codes
     from recipes.voice.lm import LMTrainer
     from recipes.voice.plots import plot_lm
 
@@ -282,8 +282,7 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
     device = device or default_device()
     log(f"lm: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min "
         f"(the stage's clock began {time.time() - started:.0f} s ago)")
-    manifest = data.ensure(recipe.data, work / "data", log=log)
-    code_manifest = codes.ensure(codec_model, work / "data", work / "codes", device, manifest["sha256"], log=log)
+    manifest, code_manifest = codes.ensure_with_data(codec_model, recipe.data, work / "data", work / "codes", device, log=log)
     codes_sha = code_manifest["splits"]["train"]["codes_sha256"]
     trainer = LMTrainer(recipe, work / "codes", work, device, codes_sha, log=log,
                         provenance={"codec_sha256": code_manifest["codec_sha256"], "data_sha256": manifest["sha256"],
