@@ -35,14 +35,15 @@ def test_the_library_speaks_the_clis_bytes_and_says_where_words_start():
     synthesizer = Synthesizer(config.voice, config.words_per_minute, config.pitch)
     try:
         for sentence in sentences:
-            pcm, rate, words = synthesizer.synthesize(sentence)
+            pcm, rate, words, _ = synthesizer.synthesize(sentence)
             cli, cli_rate = data.synthesize(sentence, config)
             assert rate == cli_rate and pcm.tobytes() == cli.tobytes(), sentence
             assert (np.diff(words[:, 2]) >= 0).all() and words[-1, 2] < len(pcm)
             assert ((words[:, 0] >= 0) & (words[:, 0] + words[:, 1] <= len(sentence))).all()
-        pcm, rate, words = synthesizer.synthesize("The quick brown fox jumps over the lazy dog.")
+        pcm, rate, words, phonemes = synthesizer.synthesize("The quick brown fox jumps over the lazy dog.")
         said = ["The quick brown fox jumps over the lazy dog."[a:a + n] for a, n, _ in words]
         assert said == ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+        assert len(phonemes.split()) == len(words) + 1 and phonemes.endswith(" .")  # (nine words, then the full stop)
     finally:
         synthesizer.close()
 
@@ -61,7 +62,7 @@ def test_the_data_records_each_words_first_sample_and_the_codes_its_frame(tmp_pa
     assert fox[0, 2] <= int(0.15 * config.sample_rate)  # the first word starts where the trimmed audio does
     assert (np.diff(fox[:, 2]) > 0).all() and fox[-1, 2] < split.length[0]
     # one word's start, resampled: espeak-ng's sample x 16000 / 22050, less the trimmed silence
-    pcm, rate, words = __import__("recipes.voice.espeak_lib", fromlist=["x"]).Synthesizer(
+    pcm, rate, words, _ = __import__("recipes.voice.espeak_lib", fromlist=["x"]).Synthesizer(
         config.voice, config.words_per_minute, config.pitch).synthesize(split.text[0])
     shift = int(np.floor(words[1, 2] * config.sample_rate / rate)) - fox[1, 2]
     assert ((np.floor(words[:, 2] * config.sample_rate / rate) - shift).astype(int) == fox[:, 2]).all()

@@ -101,6 +101,57 @@ def test_resampler_is_band_limited_and_exact_in_length():
 
 
 @needs_espeak
+def test_the_data_records_the_phonemes_speechctl_reads(tmp_path):
+    """Every utterance's phonemes, written by the synthesis server beside its speech, are what
+    speechctl's engine reads for its text (``speechctl.phonemes.phonemize``: a voice trained on
+    them is given text), and they are espeak-ng's own: its CLI's ``-x`` words, stress marks aside
+    (the CLI's come from its synthesis pass, which moves a stress now and then)."""
+    import re
+
+    from recipes.voice import data
+    from speechctl.phonemes import phonemize, word_spans
+
+    config = DataConfig(hours=0.01, heldout=30, max_chars=120)
+    data.build(config, tmp_path / "d", workers=2, log=None)
+    unstressed = lambda words: [re.sub(r"[',]", "", w) for w in words]  # noqa: E731
+    exact = 0
+    for name in ("train", "heldout"):
+        split = data.load_split(tmp_path / "d", name)
+        assert len(split.phonemes) == len(split.text) > 0
+        for sentence, phonemes in zip(split.text, split.phonemes):
+            assert phonemes == phonemize(sentence, config.voice)
+            words = [phonemes[s: s + n] for s, n in word_spans(phonemes)]
+            cli = subprocess.run(["espeak-ng", "-q", "-x", "-v", config.voice], input=sentence.encode(),
+                                 capture_output=True, check=True).stdout.decode().split()
+            assert unstressed(words) == unstressed(cli), (sentence, phonemes, cli)
+            exact += words == cli
+    assert exact >= 0.9 * (len(split.text) + len(data.load_split(tmp_path / "d", "train").text))
+    # each clause's punctuation is a word of its own (inside words, ":" is a long vowel)
+    said = phonemize("Hello, world. Is it true? Yes!")
+    assert [w for w in said.split() if w in ",.?!"] == [",", ".", "?", "!"] and len(word_spans(said)) == 6
+    assert word_spans("h@l'oU , w'3:ld .") == [(0, 6), (9, 6)]
+
+
+def test_the_lm_reads_phonemes_with_its_word_starts_moved_onto_them():
+    from recipes.voice.codes import CodeSplit
+    from recipes.voice.lm import as_read
+
+    split = CodeSplit(np.zeros((2, 9), np.int16), ["Hello world.", "In 1990."], np.array([0, 5]), np.array([5, 4]),
+                      words=np.array([[0, 5, 0], [6, 5, 2], [0, 2, 0], [3, 4, 1]], np.int32),
+                      word_counts=np.array([2, 2]), phonemes=["h@l'oU w'3:ld .", "In n'aInti:nh'VndrI2d n'aInti ."])
+    read = as_read(split, "phonemes", 0.0)
+    assert read.text == split.phonemes and split.text == ["Hello world.", "In 1990."]  # (the split is left as it was)
+    # "1990" is three phoneme words for one word event: that utterance keeps no spans
+    assert read.words.tolist() == [[0, 6, 0], [7, 6, 2], [0, 0, 0], [0, 0, 1]]
+    assert as_read(split, "phonemes", 1.0).text == ["h@l'oU w'3:ld", "In n'aInti:nh'VndrI2d n'aInti"]  # as typed
+    assert as_read(split, "text", 1.0).text == ["hello world", "in 1990"] and as_read(split, "text", 0.0).text == split.text
+    with pytest.raises(ConfigError, match="without phonemes"):
+        as_read(CodeSplit(split.codes, split.text, split.offset, split.frames), "phonemes", 0.0)
+    with pytest.raises(ConfigError, match="text_input"):
+        replace(tiny_recipe(), lm_train=replace(preset("tiny").lm_train, text_input="ipa")).validate()
+
+
+@needs_espeak
 def test_codes_made_while_the_data_is_spoken_are_the_codes_of_the_data(tmp_path):
     """The LM stage encodes each chunk of speech while the workers speak the next: the same data,
     the same codes and words as speaking everything first and encoding it after; a second call
@@ -425,7 +476,8 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
         return out
 
     stages.collect(call(1, "codec"), tmp_path / "carry")
-    env["VOICE_LM_SET"] = "data.hours=0.03"  # the LM's own share of the codec's voice
+    # the LM's own share of the codec's voice, its own text (sentences' seed) and what it reads
+    env["VOICE_LM_SET"] = "data.hours=0.03 data.seed=7 lm_train.text_input=phonemes"
     out = call(2, "codec+lm")
     assert len(list(out.iterdir())) <= 8 and checkpoint.find_packed(out) == ["codec", "lm"]
     stages.collect(out, tmp_path / "carry")
@@ -434,10 +486,12 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     assert codec["step"] == 4 and codec["runs"][-1]["freeze_codes"] is True
     lm = checkpoint.read_record(unpacked / "lm")
     assert lm["codes_identity"] == codes_identity(unpacked / "codec-model")
-    assert lm["recipe"]["data"] == {**codec["recipe"]["data"], "hours": 0.03}
+    assert lm["recipe"]["data"] == {**codec["recipe"]["data"], "hours": 0.03, "seed": 7}
     assert codec["recipe"]["data"]["hours"] == preset("tiny").data.hours != 0.03
+    assert lm["recipe"]["lm_train"]["text_input"] == "phonemes"
     model = stages.run_export(unpacked / "lm", unpacked / "codec-model", tmp_path / "model")
     assert (model / "speechctl.json").is_file()
+    assert json.loads((model / "config.json").read_text())["speechctl"]["text_input"] == "phonemes"
 
 
 def test_the_lm_takes_the_machines_own_codec_before_a_carried_pack(tmp_path):
@@ -763,15 +817,18 @@ def test_kept_packs_live_in_history_not_in_the_tree_and_come_back(tmp_path):
 # -- LM: batches, logits, export ----------------------------------------------------------------------
 
 
-def fake_codes(path: Path, K: int, C: int, items: list[tuple[str, int]], seed: int = 0) -> str:
-    """A codes directory (what codes.extract writes) of random codes, the same in both splits."""
+def fake_codes(path: Path, K: int, C: int, items: list[tuple[str, int]], seed: int = 0, phonemes: bool = False) -> str:
+    """A codes directory (what codes.extract writes) of random codes, the same in both splits
+    (``phonemes``: with the texts' phonemes, as the data records them)."""
     from recipes.voice.codes import write_split
+    from speechctl.phonemes import phonemize
 
     path.mkdir(parents=True, exist_ok=True)
     for name in ("train", "heldout"):
         rng = np.random.default_rng(seed)
         codes = [rng.integers(0, C, (K, frames)) for _, frames in items]
-        write_split(path, name, np.concatenate(codes, axis=1), [t for t, _ in items], [c.shape[1] for c in codes])
+        write_split(path, name, np.concatenate(codes, axis=1), [t for t, _ in items], [c.shape[1] for c in codes],
+                    phonemes=[phonemize(t) for t, _ in items] if phonemes else None)
     return "c" * 64
 
 
@@ -985,10 +1042,13 @@ def test_the_lm_learns_to_read_its_text(tmp_path):
     assert first >= 0.85, f"first codebook {first:.3f} on unseen strings: the LM does not read its text"
 
 
-def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
+@pytest.mark.parametrize("text_input", ["text", pytest.param("phonemes", marks=needs_espeak)])
+def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path, text_input):
     """Train on one utterance until it is memorized; speechctl's engine (vLLM, greedy) must then
     give back exactly its codes and stop there: teacher forcing and decoding agree, EOS included.
-    Then `speechctl tts --model EXPORTED` runs as a user would."""
+    Then `speechctl tts --model EXPORTED` runs as a user would. A voice that reads phonemes
+    (``lm_train.text_input=phonemes``) is given the text, and the engine phonemizes it as the
+    data recorded it."""
     from recipes.voice.lm import LMTrainer
     from recipes.voice.stages import run_export
     from speechctl.api import Speech
@@ -996,10 +1056,12 @@ def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
     from speechctl.engine.params import GREEDY
 
     recipe = tiny_recipe()
-    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, decay_share=0.0, bare_text_share=0.0)
+    recipe.lm_train = replace(recipe.lm_train, lr=3e-3, warmup_steps=10, decay_share=0.0, bare_text_share=0.0,
+                              text_input=text_input)
     K, C = recipe.codec.n_codebooks, recipe.codec.codebook_size
     sentence, frames = "Hello world.", 12
-    sha = fake_codes(tmp_path / "codes", K, C, [(sentence, frames)], seed=5)
+    sha = fake_codes(tmp_path / "codes", K, C, [(sentence, frames)], seed=5,
+                     phonemes=text_input == "phonemes")
     trainer = LMTrainer(recipe, tmp_path / "codes", tmp_path / "work", "cpu", sha, log=lambda line: None)
     for _ in range(8):
         trainer.train(1e12, max_steps=50)
@@ -1010,6 +1072,8 @@ def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path):
     model = run_export(tmp_path / "lm", fake_codec_model(tmp_path / "codec-model", recipe), tmp_path / "model")
     truth = np.load(tmp_path / "codes" / "train.npy").astype(np.int64)
 
+    config = json.loads((model / "config.json").read_text())["speechctl"]
+    assert config.get("text_input", "text") == text_input
     speech = Speech(model, engine_config=EngineConfig(max_num_seqs=4, max_model_len=256, dtype="float32"))
     try:
         result = speech.tts(sentence, audio_sampling=GREEDY, max_seconds=4.0)

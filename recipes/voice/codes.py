@@ -2,7 +2,8 @@
 
     CODES/train.npy, CODES/heldout.npy    int16 [K, frames of all utterances back to back]
     CODES/train.json, CODES/heldout.json  {"text": [...], "offset": [...], "frames": [...],
-                                           "words": [...] (word count of each utterance)}
+                                           "words": [...] (word count of each utterance),
+                                           "phonemes": [...] (the data's)}
     CODES/train.words.npy, ...            int32 [words, 3]: character start, length, first frame
                                           (the data's word starts, ``data.py``, in frames)
     CODES/manifest.json                   codec and data hashes, codes sha256, frame rate
@@ -38,6 +39,7 @@ class CodeSplit:
     frames: np.ndarray  # [U] int64
     words: np.ndarray | None = None  # [W, 3] int32 (module doc), utterances back to back
     word_counts: np.ndarray | None = None  # [U] int64
+    phonemes: list[str] | None = None  # each utterance's (``speechctl.phonemes``)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -187,9 +189,10 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
         if split.words is not None:  # word starts in frames (a word starting mid-frame: that frame)
             words = split.words.copy()
             words[:, 2] //= math.prod(model.config.downsampling_ratios)
-        write_split(out, name, codes, split.text, frames, words, split.word_counts)
+        write_split(out, name, codes, split.text, frames, words, split.word_counts, split.phonemes)
         splits[name] = {"utterances": len(split), "frames": int(frames.sum()),
-                        "codes_sha256": hashlib.sha256(codes.tobytes()).hexdigest(), "words": words is not None}
+                        "codes_sha256": hashlib.sha256(codes.tobytes()).hexdigest(), "words": words is not None,
+                        "phonemes": split.phonemes is not None}
     manifest = {
         "codec_sha256": file_sha256(Path(codec_dir) / "model.safetensors"),
         "codes_identity": codes_identity(codec_dir),
@@ -209,9 +212,10 @@ def extract(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256
     return manifest
 
 
-def write_split(out: Path, name: str, codes: np.ndarray, text: list[str], frames, words=None, word_counts=None) -> None:
+def write_split(out: Path, name: str, codes: np.ndarray, text: list[str], frames, words=None, word_counts=None,
+                phonemes=None) -> None:
     """One split in the layout ``load_codes`` reads: [K, F] codes back to back (int16), and each
-    utterance's text, frame offset and frame count; its words where given."""
+    utterance's text, frame offset and frame count; its words and phonemes where given."""
     frames = np.asarray(frames, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(frames)[:-1]]) if len(frames) else frames
     np.save(Path(out) / f"{name}.npy", np.asarray(codes).astype(np.int16))
@@ -219,6 +223,8 @@ def write_split(out: Path, name: str, codes: np.ndarray, text: list[str], frames
     if words is not None:
         np.save(Path(out) / f"{name}.words.npy", np.asarray(words, dtype="<i4").reshape(-1, 3))
         index["words"] = np.asarray(word_counts, dtype=np.int64).tolist()
+    if phonemes is not None:
+        index["phonemes"] = list(phonemes)
     (Path(out) / f"{name}.json").write_text(json.dumps(index))
 
 
@@ -226,8 +232,10 @@ def ensure(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256:
     try:
         manifest = json.loads((Path(out) / "manifest.json").read_text())
         has_words = (Path(data_dir) / "train.words.npy").is_file()  # (codes made before the data had words: again)
+        has_phonemes = "phonemes_sha256" in json.loads((Path(data_dir) / "manifest.json").read_text())["splits"]["train"]
         if (manifest["data_sha256"] == data_sha256 and manifest["codes_identity"] == codes_identity(codec_dir)
-                and all(split.get("words", False) == has_words for split in manifest["splits"].values())):
+                and all(split.get("words", False) == has_words and split.get("phonemes", False) == has_phonemes
+                        for split in manifest["splits"].values())):
             return manifest
     except (OSError, ValueError, KeyError):
         pass
@@ -256,4 +264,4 @@ def load_codes(path: Path, name: str) -> CodeSplit:
     words = path / f"{name}.words.npy"
     return CodeSplit(np.load(path / f"{name}.npy"), index["text"], np.asarray(index["offset"], np.int64),
                      np.asarray(index["frames"], np.int64), np.load(words) if words.is_file() else None,
-                     np.asarray(index["words"], np.int64) if "words" in index else None)
+                     np.asarray(index["words"], np.int64) if "words" in index else None, index.get("phonemes"))

@@ -173,6 +173,10 @@ class LMTrain:
     # Share of training sentences the LM reads as typed ("the quick brown fox" for "The quick
     # brown fox."): espeak-ng says both alike, and `speechctl tts "Hello world"` has no full stop.
     bare_text_share: float = 0.3
+    # What the LM reads: "text" (the sentence's bytes, as every kept model did) or "phonemes"
+    # (espeak-ng's phoneme names of it, ``speechctl.phonemes``: the letter-to-sound rules that
+    # espeak-ng spoke the data with are then not the LM's to learn; the engine phonemizes alike).
+    text_input: str = "text"
     # Dropout on the attention weights while training (transformers' Llama ``attention_dropout``;
     # evaluation and the exported model have none): the lever if new sentences alone do not
     # close the gap between training and held-out loss (docs/voice/lm-progress.md).
@@ -205,6 +209,8 @@ class Recipe:
         if self.data.sample_rate != self.codec.sampling_rate:
             raise ConfigError("the data's sample rate must be the codec's")
         t = self.lm_train
+        if t.text_input not in ("text", "phonemes"):
+            raise ConfigError(f"lm_train.text_input={t.text_input!r}: text or phonemes")
         if t.align_weight < 0 or t.align_weight > 0 and not (0 <= t.align_layer < self.lm.num_layers
                                                              and 0 < t.align_heads <= self.lm.num_heads):
             raise ConfigError(f"lm_train.align_*: layer {t.align_layer} of {self.lm.num_layers}, "
@@ -269,9 +275,11 @@ def preset(scale: str) -> Recipe:
     raise ConfigError(f"unknown scale {scale!r} (full, tiny)")
 
 
-def multistream_recipe(lm: LMShape, codec: CodecShape, seed: int = 0, weights: bool = True):
+def multistream_recipe(lm: LMShape, codec: CodecShape, seed: int = 0, weights: bool = True,
+                       text_input: str = "text", phoneme_voice: str = "en-us"):
     """speechctl's ``MultiStreamRecipe`` of these shapes (random weights: speed tests, and the
-    frame the export fills)."""
+    frame the export fills); ``text_input``: what the LM reads (``LMTrain.text_input``), in the
+    data's espeak-ng voice."""
     from speechctl.models.generic.checkpoint import MultiStreamRecipe
 
     dac = asdict(codec)
@@ -290,5 +298,7 @@ def multistream_recipe(lm: LMShape, codec: CodecShape, seed: int = 0, weights: b
         seed=seed,
         dtype=lm.dtype,
         weights=weights,
+        text_input=text_input,
+        phoneme_voice=phoneme_voice,
         codec=dac,
     )

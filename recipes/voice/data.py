@@ -4,7 +4,8 @@ starts (espeak-ng's word events, ``espeak_lib.py``).
 
     DIR/train.pcm, DIR/heldout.pcm    int16 little-endian samples, utterances back to back
     DIR/train.json, DIR/heldout.json  {"text": [...], "offset": [...], "length": [...] (samples),
-                                       "words": [...] (word count of each utterance)}
+                                       "words": [...] (word count of each utterance),
+                                       "phonemes": [...] (espeak-ng's, ``speechctl.phonemes``)}
     DIR/train.words.npy, ...          int32 [words, 3]: character start, length, first sample in
                                       its utterance, utterances back to back
     DIR/manifest.json                 settings, espeak-ng version, corpus digest, audio sha256
@@ -133,21 +134,21 @@ def trim_silence(x: np.ndarray, rate: int, keep_s: float, threshold: float = 1e-
 _SYNTHESIZERS: dict = {}  # one espeak-ng server per process and settings (espeak_lib.py)
 
 
-def utterance(text: str, config: DataConfig) -> tuple[np.ndarray, np.ndarray]:
-    """``text`` spoken, at ``config.sample_rate``, int16; and its words ([n, 3] int32: character
-    start, length, first sample in the returned wave)."""
+def utterance(text: str, config: DataConfig) -> tuple[np.ndarray, np.ndarray, str]:
+    """``text`` spoken, at ``config.sample_rate``, int16; its words ([n, 3] int32: character
+    start, length, first sample in the returned wave); its phonemes (``speechctl.phonemes``)."""
     from recipes.voice.espeak_lib import Synthesizer
 
     key = (config.voice, config.words_per_minute, config.pitch, os.environ.get("ESPEAK_NG_DATA"))
     if key not in _SYNTHESIZERS:
         _SYNTHESIZERS[key] = Synthesizer(*key)
-    pcm, rate, words = _SYNTHESIZERS[key].synthesize(text)
+    pcm, rate, words, phonemes = _SYNTHESIZERS[key].synthesize(text)
     wave = resample(pcm.astype(np.float64) / 32768.0, rate, config.sample_rate)
     start, end = trim_bounds(wave, config.sample_rate, config.max_silence_s)
     wave = wave[start:end]
     words = words.copy()
     words[:, 2] = np.clip(np.floor(words[:, 2] * (config.sample_rate / rate)) - start, 0, len(wave))
-    return np.clip(np.round(wave * 32768.0), -32768, 32767).astype("<i2"), words
+    return np.clip(np.round(wave * 32768.0), -32768, 32767).astype("<i2"), words, phonemes
 
 
 def _worker_init():
@@ -186,6 +187,7 @@ class Split:
     length: np.ndarray  # [U] int64
     words: np.ndarray | None = None  # [W, 3] int32 (module doc), utterances back to back
     word_counts: np.ndarray | None = None  # [U] int64
+    phonemes: list[str] | None = None  # each utterance's (``speechctl.phonemes``)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -224,9 +226,9 @@ def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours
     with _synthesizer(workers) as synthesize_all:
         for name, texts in (("train", train), ("heldout", corpus.heldout)):
             digest = hashlib.sha256()
-            offsets, lengths, position, words = [], [], 0, []
+            offsets, lengths, position, words, phonemes = [], [], 0, [], []
             with open(tmp / f"{name}.pcm", "wb") as f:
-                for i, (wave, spoken) in enumerate(synthesize_all((t, config) for t in texts)):
+                for i, (wave, spoken, names) in enumerate(synthesize_all((t, config) for t in texts)):
                     took = time.perf_counter()
                     data = wave.tobytes()
                     f.write(data)
@@ -234,6 +236,7 @@ def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours
                     offsets.append(position)
                     lengths.append(len(wave))
                     words.append(spoken)
+                    phonemes.append(names)
                     position += len(wave)
                     if sink is not None:
                         sink.add(name, wave)
@@ -246,13 +249,15 @@ def build(config: DataConfig, out: Path, workers: int | None = None, limit_hours
                 busy += time.perf_counter() - took
             flat_words = np.concatenate(words).astype("<i4") if words else np.zeros((0, 3), "<i4")
             np.save(tmp / f"{name}.words.npy", flat_words)
-            index = {"text": texts, "offset": offsets, "length": lengths, "words": [len(w) for w in words]}
+            index = {"text": texts, "offset": offsets, "length": lengths, "words": [len(w) for w in words],
+                     "phonemes": phonemes}
             (tmp / f"{name}.json").write_text(json.dumps(index))
             splits[name] = {
                 "utterances": len(texts),
                 "hours": round(position / config.sample_rate / 3600, 3),
                 "pcm_sha256": digest.hexdigest(),
                 "words_sha256": hashlib.sha256(flat_words.tobytes()).hexdigest(),
+                "phonemes_sha256": hashlib.sha256("\n".join(phonemes).encode()).hexdigest(),
                 "empty": int(sum(n == 0 for n in lengths)),
             }
     manifest = {
@@ -292,7 +297,8 @@ def read_manifest(path: Path) -> dict | None:
 def matches(manifest: dict | None, config: DataConfig, limit_hours: float | None = None) -> bool:
     """Whether the data set of ``manifest`` is the one of these settings (and has word starts)."""
     return (manifest is not None and manifest["config"] == asdict(config) and manifest.get("limit_hours") == limit_hours
-            and all("words_sha256" in split for split in manifest["splits"].values()))  # (made without words)
+            and all("words_sha256" in split and "phonemes_sha256" in split  # (made without words, phonemes)
+                    for split in manifest["splits"].values()))
 
 
 def ensure(config: DataConfig, path: Path, expect_sha256: str | None = None, limit_hours: float | None = None,
@@ -324,4 +330,4 @@ def load_split(path: Path, name: str, mmap: bool = True) -> Split:
     words = path / f"{name}.words.npy"
     return Split(audio, index["text"], np.asarray(index["offset"], np.int64), np.asarray(index["length"], np.int64),
                  np.load(words) if words.is_file() else None,
-                 np.asarray(index["words"], np.int64) if "words" in index else None)
+                 np.asarray(index["words"], np.int64) if "words" in index else None, index.get("phonemes"))

@@ -13,9 +13,12 @@ The library also reports where each word starts (``espeakEVENT_WORD``: the word'
 its length, its first sample), which the CLI does not print: the LM can be taught where in its text
 each frame is (``lm_train.align_weight``).
 
-Protocol on the server's stdin/stdout: request ``<I`` text length + UTF-8 text; reply ``<iiii``
-(status, sample rate, samples, words), the int16 samples, then ``words`` x ``<iii`` (character
-start, length, first sample).
+After the speech, the child also writes the sentence's phonemes (``speechctl.phonemes``: what a
+voice that reads phonemes reads), from the same library.
+
+Protocol on the server's stdin/stdout: request ``<I`` text length + UTF-8 text; reply ``<iiiii``
+(status, sample rate, samples, words, phoneme bytes), the int16 samples, ``words`` x ``<iii``
+(character start, length, first sample), then the phonemes (ASCII).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import struct
 import subprocess
 import sys
 import warnings
+
+from speechctl.phonemes import phonemes_with
 
 _EVENT_WORD, _EVENT_END_OF_LIST = 1, 0
 _SYNCHRONOUS = 0x0001  # ENOUTPUT_MODE_SYNCHRONOUS
@@ -50,7 +55,7 @@ class _Event(ctypes.Structure):  # espeak_EVENT (speak_lib.h)
 
 class Synthesizer:
     """A server process speaking with fixed settings; ``synthesize(text)`` -> (int16 samples, rate,
-    [n, 3] int32 words: character start, length, first sample)."""
+    [n, 3] int32 words: character start, length, first sample, phonemes)."""
 
     def __init__(self, voice: str, words_per_minute: int, pitch: int, data: str | os.PathLike | None = None):
         command = [sys.executable, "-m", "recipes.voice.espeak_lib", voice, str(words_per_minute), str(pitch)]
@@ -68,12 +73,12 @@ class Synthesizer:
             raise EspeakError(f"{len(data)} bytes: the CLI would split this text into lines of {_BUFFER - 1}")
         self._proc.stdin.write(struct.pack("<I", len(data)) + data)
         self._proc.stdin.flush()
-        status, rate, samples, words = struct.unpack("<iiii", self._read(16))
+        status, rate, samples, words, phonemes = struct.unpack("<iiiii", self._read(20))
         if status != 0:
             raise EspeakError(f"espeak-ng failed on {text!r} (status {status})")
         pcm = np.frombuffer(self._read(2 * samples), dtype="<i2").copy()
         table = np.frombuffer(self._read(12 * words), dtype="<i4").reshape(words, 3).copy()
-        return pcm, rate, table
+        return pcm, rate, table, self._read(phonemes).decode("ascii")
 
     def _read(self, n: int) -> bytes:
         out = self._proc.stdout.read(n)
@@ -141,8 +146,9 @@ def _serve(voice: str, words_per_minute: int, pitch: int, data: str | None) -> N
             status = lib.espeak_Synth(buffer, _BUFFER, 0, _POS_CHARACTER, 0, _FLAGS, None, None)
             status = status or lib.espeak_Synchronize()
             pcm = b"".join(samples)
-            reply = [struct.pack("<iiii", status, rate, len(pcm) // 2, len(words)), pcm]
-            reply += [struct.pack("<iii", *w) for w in words]
+            names = phonemes_with(lib, text.decode("utf-8", "replace")).encode("ascii", "replace") if status == 0 else b""
+            reply = [struct.pack("<iiiii", status, rate, len(pcm) // 2, len(words), len(names)), pcm]
+            reply += [struct.pack("<iii", *w) for w in words] + [names]
             view = memoryview(b"".join(reply))
             while view:
                 view = view[os.write(write_end, view):]
@@ -151,8 +157,8 @@ def _serve(voice: str, words_per_minute: int, pitch: int, data: str | None) -> N
         with os.fdopen(read_end, "rb") as f:
             reply = f.read()
         _, code = os.waitpid(pid, 0)
-        if code != 0 or len(reply) < 16:
-            reply = struct.pack("<iiii", code or -1, rate, 0, 0)
+        if code != 0 or len(reply) < 20:
+            reply = struct.pack("<iiiii", code or -1, rate, 0, 0, 0)
         stdout.write(reply)
         stdout.flush()
 

@@ -43,7 +43,8 @@ def skeleton(recipe: Recipe, path: Path) -> Path:
     from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
     check_delays(recipe.lm)
-    return create_multistream_checkpoint(path, multistream_recipe(recipe.lm, recipe.codec, weights=False))
+    return create_multistream_checkpoint(path, multistream_recipe(
+        recipe.lm, recipe.codec, weights=False, text_input=recipe.lm_train.text_input, phoneme_voice=recipe.data.voice))
 
 
 def check_delays(lm: LMShape) -> None:
@@ -265,6 +266,36 @@ def stream_loss(model: SpeechLM, batch: dict, allowed: torch.Tensor, weights: to
     return loss, per_stream.detach(), acc.detach(), w.sum(dim=0)
 
 
+def as_read(split: CodeSplit, text_input: str, bare_share: float) -> CodeSplit:
+    """``split`` with the text the LM reads: the sentence (a ``bare_share`` of them as typed,
+    ``text.bare``) or its phonemes (likewise without the final full stop), the word starts moved
+    onto what is read (an utterance whose phoneme words do not pair with espeak-ng's word events,
+    as a number read as several words, keeps no word spans: the guided heads skip it)."""
+    from dataclasses import replace
+
+    from speechctl.phonemes import word_spans as phoneme_words
+
+    is_bare = [bare_variant(t, bare_share) for t in split.text]
+    if text_input == "text":
+        return replace(split, text=[bare(t) if b else t for t, b in zip(split.text, is_bare)])
+    if split.phonemes is None:
+        raise ConfigError("lm_train.text_input=phonemes: these codes were made from data without phonemes "
+                          "(make the data again)")
+    read = [p[:-2] if b and p.endswith(" .") else p for p, b in zip(split.phonemes, is_bare)]
+    words = None
+    if split.words is not None:
+        words = split.words.copy()
+        first = np.concatenate([[0], np.cumsum(split.word_counts)[:-1]]).astype(np.int64)
+        for u, phonemes in enumerate(read):
+            n, at = int(split.word_counts[u]), int(first[u])
+            spans = phoneme_words(phonemes)
+            if len(spans) == n:
+                words[at: at + n, :2] = spans
+            else:
+                words[at: at + n, :2] = 0
+    return replace(split, text=read, words=words)
+
+
 class LMTrainer:
     def __init__(self, recipe: Recipe, codes_dir: Path, work: Path, device: str, codes_sha256: str, log=print,
                  provenance: dict | None = None):
@@ -285,10 +316,10 @@ class LMTrainer:
         config.attention_dropout = self.cfg.attention_dropout  # training only: the skeleton on disk keeps 0
         torch.manual_seed(self.cfg.seed)
         self.model = SpeechLM(config).to(self.device).train()
-        train = load_codes(codes_dir, "train")
-        train.text = [bare(t) if bare_variant(t, self.cfg.bare_text_share) else t for t in train.text]
+        train = as_read(load_codes(codes_dir, "train"), self.cfg.text_input, self.cfg.bare_text_share)
         self.train_set = Examples(train, self.layout, self.device, self.cfg.max_tokens)
-        self.heldout = Examples(load_codes(codes_dir, "heldout"), self.layout, self.device, self.cfg.max_tokens)
+        heldout = as_read(load_codes(codes_dir, "heldout"), self.cfg.text_input, 0.0)
+        self.heldout = Examples(heldout, self.layout, self.device, self.cfg.max_tokens)
         if self.train_set.dropped:
             log(f"lm: {self.train_set.dropped} utterances longer than {self.cfg.max_tokens} positions left out")
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and "embed" not in n]

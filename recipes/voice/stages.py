@@ -273,11 +273,14 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
         recipe = apply_sets(Recipe.from_dict(checkpoint.read_record(ckpt)["recipe"]), sets)
     else:
         shutil.rmtree(ckpt, ignore_errors=True)
-        # The voice (espeak-ng's settings, the seed, the rate) is the codec's; how many hours of
-        # it the LM reads is the LM's own (the held-out sentences do not depend on it).
+        # The voice (espeak-ng's voice, rate and pitch, the sample rate, the silences kept) is the
+        # codec's; the text it reads (how many hours, which sources, the made-up sentences' seed)
+        # is the LM's own (the held-out sentences depend on none of it).
         codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
-        recipe = replace(recipe, data=replace(codec_recipe.data, hours=recipe.data.hours), codec=codec_recipe.codec,
-                         codec_train=codec_recipe.codec_train).validate()
+        voice = codec_recipe.data
+        data_config = replace(recipe.data, voice=voice.voice, words_per_minute=voice.words_per_minute, pitch=voice.pitch,
+                              sample_rate=voice.sample_rate, max_silence_s=voice.max_silence_s)
+        recipe = replace(recipe, data=data_config, codec=codec_recipe.codec, codec_train=codec_recipe.codec_train).validate()
     log = Log(ckpt / "log.txt")
     device = device or default_device()
     log(f"lm: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min "

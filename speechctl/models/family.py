@@ -184,9 +184,13 @@ class Family:
             return GenerationDefaults()
         return GenerationDefaults(audio=sampling_from(generation), source="generation_config.json")
 
-    def prompt_builder(self, spec: StreamSpec, tokenizer):
+    def prompt_builder(self, spec: StreamSpec, tokenizer, config: Mapping[str, Any] | None = None):
         module, name = self.prompts.split(":")
-        return getattr(importlib.import_module(module), name)(spec, tokenizer)
+        return getattr(importlib.import_module(module), name)(spec, tokenizer, **self.prompt_options(config or {}))
+
+    def prompt_options(self, config: Mapping[str, Any]) -> dict:
+        """The keywords of this family's prompt builder that a checkpoint's config sets."""
+        return {}
 
     def engine(self, checkpoint: Checkpoint, config=None):
         """The engine that runs this family's requests (``speechctl.api.Speech`` asks): one vLLM
@@ -265,7 +269,7 @@ class Checkpoint:
         return self.family.defaults(read_generation_config(self.path), self.config)
 
     def prompt_builder(self, tokenizer):
-        return self.family.prompt_builder(self.spec, tokenizer)
+        return self.family.prompt_builder(self.spec, tokenizer, self.config)
 
     def guidance(self, requested: Guidance | None = None, audio: Sampling | None = None) -> Guidance:
         """A caller's guidance (its ``scale`` in the family's own convention, e.g. ``--cfg 3``;

@@ -60,6 +60,11 @@ class MultiStreamRecipe:
     seed: int = 0
     dtype: str = "float32"
     weights: bool = True  # False: config, tokenizer and codec only (vLLM's load_format="dummy")
+    # What the model reads: "text" (the bytes of the text) or "phonemes" (espeak-ng's phonemes
+    # of it in this espeak-ng voice, ``speechctl.phonemes``): the ``speechctl`` section's
+    # ``text_input`` / ``phoneme_voice``.
+    text_input: str = "text"
+    phoneme_voice: str = "en-us"
     # transformers DacConfig fields of the codec; codebooks come from the fields above.
     codec: dict = field(
         default_factory=lambda: dict(
@@ -124,6 +129,8 @@ def create_multistream_checkpoint(path: str | os.PathLike, recipe: MultiStreamRe
     config = _backbone_config(recipe, vocab_size)
     config.architectures = [ARCHITECTURE]
     config.speechctl = {**spec.to_dict(), "family": "multistream", "codec": "codec"}
+    if recipe.text_input != "text":
+        config.speechctl.update(text_input=recipe.text_input, phoneme_voice=recipe.phoneme_voice)
     config.dtype = recipe.dtype
     if recipe.weights:
         _write_weights(path, recipe, config, spec)

@@ -23,6 +23,19 @@ class MultiStream(Family):
     def spec(self, config: Mapping[str, Any]) -> StreamSpec:
         return StreamSpec.from_dict(config.get("speechctl") or {})
 
+    def prompt_options(self, config: Mapping[str, Any]) -> dict:
+        section = config.get("speechctl") or {}
+        if section.get("text_input", "text") == "text":
+            return {}
+        return {"reads": section["text_input"], "phoneme_voice": section.get("phoneme_voice", "en-us")}
+
+    def describe(self, config: Mapping[str, Any]) -> dict[str, str]:
+        options = self.prompt_options(config)
+        if not options:
+            return {}
+        return {"reads": f"espeak-ng's phonemes of the text (voice {options['phoneme_voice']}; "
+                         "needs espeak-ng: apt-get install espeak-ng)"}
+
     def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
         sub = (config.get("speechctl") or {}).get("codec", "codec")
         return CodecLocation(path / sub, f"{sub}/ in the checkpoint")

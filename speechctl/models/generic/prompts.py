@@ -15,13 +15,26 @@ import numpy as np
 from speechctl.engine.params import GREEDY, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import complete_frames
-from speechctl.errors import EngineError, InputError
+from speechctl.errors import EngineError, InputError, ModelError
 from speechctl.models.prompting import PromptBuilder, TtsOptions
 
 
 class MultiStreamPrompts(PromptBuilder):
+    """``reads``: what the model reads of a text, its bytes ("text") or espeak-ng's phonemes of
+    it ("phonemes", in the espeak-ng voice ``phoneme_voice``: a voice trained so, config.json's
+    ``speechctl.text_input``)."""
+
+    def __init__(self, spec, tokenizer, reads: str = "text", phoneme_voice: str = "en-us"):
+        super().__init__(spec, tokenizer)
+        if reads not in ("text", "phonemes"):
+            raise ModelError(f"config.json: speechctl.text_input={reads!r}: text or phonemes")
+        self.reads, self.phoneme_voice = reads, phoneme_voice
 
     def _text_ids(self, text: str) -> list[int]:
+        if self.reads == "phonemes":
+            from speechctl.phonemes import phonemize
+
+            text = phonemize(text, self.phoneme_voice)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _audio_ids(self) -> list[int]:
