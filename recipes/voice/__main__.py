@@ -111,6 +111,16 @@ def main(argv=None) -> None:
     q.add_argument("--data", default=".voice/heldout-data", help="made (the held-out sentences only) where absent")
     q.add_argument("--codes", default=".voice/heldout-codes", help="made with --codec-model where absent")
 
+    q = sub.add_parser("compare-reading", help="letters or phonemes: the same small LM trained twice from scratch "
+                                               "on the same codes, reading each (compare_reading.py)")
+    q.add_argument("--codec-model", default=".voice/unpacked/codec-model")
+    q.add_argument("--work", default=".voice/compare-reading", help="its data, codes and two LMs")
+    q.add_argument("--out", default="docs/voice")
+    q.add_argument("--hours", type=float, default=1.0)
+    q.add_argument("--steps", type=int, default=400)
+    q.add_argument("--batch-tokens", type=int, default=4096)
+    q.add_argument("--threads", type=int, default=2)
+
     q = sub.add_parser("dryrun", help="the whole recipe at tiny scale on this CPU (minutes)")
     q.add_argument("--work", default=".voice/dryrun")
     q.add_argument("--codec-steps", type=int, default=60)
@@ -220,6 +230,14 @@ def main(argv=None) -> None:
         print(f"{args.lm} (step {trainer.step}): attention on the word each held-out frame reads, layer x head "
               f"(spread evenly: {uniform:.3f})")
         print(np.array2string(table, precision=3, suppress_small=True))
+    elif args.command == "compare-reading":
+        import shlex
+
+        from recipes.voice.compare_reading import compare
+
+        command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
+        compare(Path(args.codec_model), Path(args.work), Path(args.out), args.hours, args.steps, args.batch_tokens,
+                args.threads, command=command)
     elif args.command == "dryrun":
         from recipes.voice.dryrun import dryrun
 
