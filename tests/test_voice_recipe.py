@@ -1074,6 +1074,9 @@ def test_an_overfitted_lm_says_its_utterance_through_speechctl(tmp_path, text_in
 
     config = json.loads((model / "config.json").read_text())["speechctl"]
     assert config.get("text_input", "text") == text_input
+    from speechctl.models.catalog import describe_model
+
+    assert ("espeak-ng" in describe_model(str(model)).get("reads", "")) == (text_input == "phonemes")  # `speechctl models`
     speech = Speech(model, engine_config=EngineConfig(max_num_seqs=4, max_model_len=256, dtype="float32"))
     try:
         result = speech.tts(sentence, audio_sampling=GREEDY, max_seconds=4.0)

@@ -120,6 +120,7 @@ def main(argv=None) -> None:
     q.add_argument("--steps", type=int, default=400)
     q.add_argument("--batch-tokens", type=int, default=4096)
     q.add_argument("--threads", type=int, default=2)
+    q.add_argument("--set", action="append", default=[], help="section.field=value, both runs (repeatable)")
 
     q = sub.add_parser("dryrun", help="the whole recipe at tiny scale on this CPU (minutes)")
     q.add_argument("--work", default=".voice/dryrun")
@@ -237,7 +238,7 @@ def main(argv=None) -> None:
 
         command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
         compare(Path(args.codec_model), Path(args.work), Path(args.out), args.hours, args.steps, args.batch_tokens,
-                args.threads, command=command)
+                args.threads, command=command, sets=args.set)
     elif args.command == "dryrun":
         from recipes.voice.dryrun import dryrun
 

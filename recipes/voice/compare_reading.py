@@ -19,11 +19,13 @@ from recipes.voice.config import LMShape, Recipe, preset
 
 
 def compare(codec_model: Path, work: Path, out: Path, hours: float, steps: int, batch_tokens: int, threads: int,
-            command: str | None = None, log=print) -> dict:
+            command: str | None = None, sets: list[str] | None = None, log=print) -> dict:
+    """``sets``: ``section.field=value`` overrides of both runs' recipe (``stages.apply_sets``)."""
     import torch
 
     from recipes.voice import checkpoint, codes
     from recipes.voice.lm import LMTrainer
+    from recipes.voice.stages import apply_sets
 
     torch.set_num_threads(threads)
     codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
@@ -34,13 +36,14 @@ def compare(codec_model: Path, work: Path, out: Path, hours: float, steps: int, 
     base = replace(preset("full"), data=data, codec=codec_recipe.codec, codec_train=codec_recipe.codec_train,
                    lm=LMShape(hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=512,
                               dtype="float32"))
-    record = {"command": command, "hours": hours, "steps": steps, "batch_tokens": batch_tokens, "threads": threads,
+    record = {"command": command, "sets": list(sets or []), "hours": hours, "steps": steps, "batch_tokens": batch_tokens, "threads": threads,
               "data_sha256": manifest["sha256"], "codes_sha256": code_manifest["splits"]["train"]["codes_sha256"],
               "lm": base.lm.describe(), "runs": {}}
     for text_input in ("text", "phonemes"):
         recipe = replace(base, lm_train=replace(base.lm_train, text_input=text_input, batch_tokens=batch_tokens,
                                                 lr=2e-3, warmup_steps=50, decay_share=0.3, bf16=False, log_every=50,
-                                                eval_every=max(1, steps // 4), seed=0)).validate()
+                                                eval_every=max(1, steps // 4), seed=0))
+        recipe = apply_sets(recipe, sets or []).validate()
         trainer = LMTrainer(recipe, work / "codes", work / f"lm-{text_input}", "cpu",
                             code_manifest["splits"]["train"]["codes_sha256"], log=log)
         began = time.time()
@@ -50,6 +53,7 @@ def compare(codec_model: Path, work: Path, out: Path, hours: float, steps: int, 
                                       "train_utterances": len(trainer.train_set)}
         log(f"compare: {text_input}: {held[-1]}")
     out.mkdir(parents=True, exist_ok=True)
+    record["recipe"] = recipe.to_dict()  # (the phonemes run's; the text run's differs in text_input alone)
     (out / "compare-reading.json").write_text(json.dumps(record, indent=1) + "\n")
     rows = ["| step | held-out loss, text / phonemes | first codebook acc, text / phonemes |", "|---:|---|---|"]
     for a, b in zip(record["runs"]["text"]["heldout"], record["runs"]["phonemes"]["heldout"]):
