@@ -372,3 +372,22 @@ def test_a_run_left_early_leaves_the_engine_clean(asr, clips, defaults):
     run_.close()
     (again,) = asr.run([AsrJob(id="again", audio=clips["19"])])
     assert again.text == defaults["19"].text
+
+
+def test_windows_are_named_for_rendering_ahead_only_when_the_line_changes(asr, clips, monkeypatch):
+    """The driver asks the prerender worker for the windows next in line when the line or the
+    renders in flight changed, not at every engine step; every window is still rendered once,
+    nearly all of them ahead, and the results stay the same."""
+    asked = []
+    ahead = asr._prerender.ahead
+    monkeypatch.setattr(asr._prerender, "ahead", lambda windows: (asked.append(1), ahead(windows)))
+    steps, before = asr.stats["steps"], (asr._prerender.rendered_ahead, asr._prerender.rendered_inline)
+    names = SPEECH[:12]
+    results = {r.id: r for r in asr.run((AsrJob(id=n, audio=clips[n], whisper=GREEDY) for n in names), max_lanes=3)}
+    steps = asr.stats["steps"] - steps
+    ahead_n, inline_n = asr._prerender.rendered_ahead - before[0], asr._prerender.rendered_inline - before[1]
+    assert ahead_n + inline_n == len(names) and ahead_n >= len(names) - 3
+    assert steps > 3 * len(asked), (steps, len(asked))  # (49 steps, 10 asks; at every step before: 50)
+    monkeypatch.undo()
+    again = {r.id: r for r in asr.run(AsrJob(id=n, audio=clips[n], whisper=GREEDY) for n in names)}
+    assert {n: results[n].text for n in names} == {n: again[n].text for n in names}

@@ -29,6 +29,11 @@ class Prerender:
         self.rendered_ahead = 0
         self.rendered_inline = 0
 
+    @property
+    def pending(self) -> int:
+        """Windows asked for ahead and not yet taken."""
+        return len(self._pending)
+
     def ahead(self, windows: Iterable[tuple[Hashable, Callable[[], object], list[int]]]) -> None:
         """Start rendering ``(key, audio(), prompt)`` for windows not yet pending, while fewer
         than ``depth`` are. ``audio`` is called on the worker thread."""
