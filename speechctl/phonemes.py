@@ -6,15 +6,16 @@ espeak-ng's own ASCII phoneme names (``espeak-ng -x``), one word per space, stre
 the stressed syllable; after each clause, as a word of its own, the text's punctuation that ended
 it (espeak-ng speaks a comma, a full stop and a question differently, and its phoneme output
 drops them; inside a word the same characters are phoneme marks: ``:`` long, ``,`` secondary
-stress, ``?`` a glottal stop, ``;`` palatal). Read
-through libespeak-ng (``espeak_TextToPhonemes``), so the recipe that trains such a voice on
-espeak-ng's speech and the engine that runs it phonemize alike. Imports nothing but ctypes: the
-recipe's synthesis server forks for every sentence.
+stress, ``?`` a glottal stop, ``;`` palatal). Read through libespeak-ng
+(``espeak_TextToPhonemes``), so the recipe that trains such a voice on espeak-ng's speech and the
+engine that runs it phonemize alike. Imports nothing heavy (ctypes): the recipe's synthesis
+server imports it and forks for every sentence.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import threading
 
@@ -64,8 +65,6 @@ _LOCK = threading.Lock()  # the library is not re-entrant: one caller at a time
 def phonemize(text: str, voice: str = "en-us") -> str:
     """The phonemes of ``text`` in espeak-ng's ``voice``, by this process's libespeak-ng (Debian's
     ``libespeak-ng1``; ``ESPEAK_NG_DATA`` where its data is elsewhere)."""
-    import os
-
     with _LOCK:
         if not _LIBRARY:
             try:
