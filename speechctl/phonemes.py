@@ -21,6 +21,7 @@ import threading
 
 from speechctl.errors import ModelError
 
+READS = ("text", "phonemes")  # what a multi-stream voice reads of a text (config.json: speechctl.text_input)
 _CLAUSE_ENDS = ",.?!:;"
 _SYNCHRONOUS = 0x0001  # ENOUTPUT_MODE_SYNCHRONOUS: no audio device
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recipes.voice.data import SPLITS, load_split
+from recipes.voice.data import SPLITS, load_split, read_manifest
 
 
 @dataclass
@@ -232,7 +232,7 @@ def ensure(codec_dir: Path, data_dir: Path, out: Path, device: str, data_sha256:
     try:
         manifest = json.loads((Path(out) / "manifest.json").read_text())
         has_words = (Path(data_dir) / "train.words.npy").is_file()  # (codes made before the data had words: again)
-        has_phonemes = "phonemes_sha256" in json.loads((Path(data_dir) / "manifest.json").read_text())["splits"]["train"]
+        has_phonemes = "phonemes_sha256" in (read_manifest(data_dir) or {"splits": {"train": {}}})["splits"]["train"]
         if (manifest["data_sha256"] == data_sha256 and manifest["codes_identity"] == codes_identity(codec_dir)
                 and all(split.get("words", False) == has_words and split.get("phonemes", False) == has_phonemes
                         for split in manifest["splits"].values())):

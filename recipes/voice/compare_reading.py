@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from recipes.voice.config import LMShape, Recipe, preset
+from recipes.voice.config import DataConfig, LMShape, Recipe, preset
 
 
 def compare(codec_model: Path, work: Path, out: Path, hours: float, steps: int, batch_tokens: int, threads: int,
@@ -29,7 +29,7 @@ def compare(codec_model: Path, work: Path, out: Path, hours: float, steps: int, 
 
     torch.set_num_threads(threads)
     codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
-    data = replace(codec_recipe.data, hours=hours, natural=["devil", "wordnet"])
+    data = DataConfig(hours=hours, natural=["devil", "wordnet"]).voiced_as(codec_recipe.data)
     started = time.time()
     manifest, code_manifest = codes.ensure_with_data(codec_model, data, work / "data", work / "codes", "cpu", log=log)
     log(f"compare: data and codes ready, {time.time() - started:.0f} s")

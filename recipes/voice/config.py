@@ -5,7 +5,9 @@ checkpoint (``recipe.json``); a resumed run takes them from there, not from the 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from speechctl.phonemes import READS
 
 
 class ConfigError(ValueError):
@@ -36,6 +38,13 @@ class DataConfig:
     # example phrases, ~24 h). The voice's models so far read "devil" alone
     # (docs/voice/lm-progress.md).
     natural: list[str] = field(default_factory=lambda: ["devil"])
+
+    def voiced_as(self, other: "DataConfig") -> "DataConfig":
+        """This text (hours, sources, made-up sentences) spoken in ``other``'s voice (espeak-ng's
+        voice, rate and pitch, the sample rate, the silences kept): an LM reads its own text in
+        the voice its codec was trained on."""
+        return replace(self, voice=other.voice, words_per_minute=other.words_per_minute, pitch=other.pitch,
+                       sample_rate=other.sample_rate, max_silence_s=other.max_silence_s)
 
     def validate(self):
         if self.hours <= 0 or not 0 <= self.wordlist_share <= 1 or self.heldout < 0:
@@ -209,8 +218,8 @@ class Recipe:
         if self.data.sample_rate != self.codec.sampling_rate:
             raise ConfigError("the data's sample rate must be the codec's")
         t = self.lm_train
-        if t.text_input not in ("text", "phonemes"):
-            raise ConfigError(f"lm_train.text_input={t.text_input!r}: text or phonemes")
+        if t.text_input not in READS:
+            raise ConfigError(f"lm_train.text_input={t.text_input!r}: one of {', '.join(READS)}")
         if t.align_weight < 0 or t.align_weight > 0 and not (0 <= t.align_layer < self.lm.num_layers
                                                              and 0 < t.align_heads <= self.lm.num_heads):
             raise ConfigError(f"lm_train.align_*: layer {t.align_layer} of {self.lm.num_layers}, "

@@ -277,10 +277,8 @@ def run_lm(recipe: Recipe, work: Path, out: Path | None, minutes: float, codec_m
         # codec's; the text it reads (how many hours, which sources, the made-up sentences' seed)
         # is the LM's own (the held-out sentences depend on none of it).
         codec_recipe = Recipe.from_dict(checkpoint.read_record(codec_model)["recipe"])
-        voice = codec_recipe.data
-        data_config = replace(recipe.data, voice=voice.voice, words_per_minute=voice.words_per_minute, pitch=voice.pitch,
-                              sample_rate=voice.sample_rate, max_silence_s=voice.max_silence_s)
-        recipe = replace(recipe, data=data_config, codec=codec_recipe.codec, codec_train=codec_recipe.codec_train).validate()
+        recipe = replace(recipe, data=recipe.data.voiced_as(codec_recipe.data), codec=codec_recipe.codec,
+                         codec_train=codec_recipe.codec_train).validate()
     log = Log(ckpt / "log.txt")
     device = device or default_device()
     log(f"lm: {f'resuming ({source})' if resume else 'new run'} on {device}, {minutes} min "

@@ -396,10 +396,10 @@ class WhisperAsr:
         line = (len(ready), head, self._prerender.pending)
         if line != self._line_seen:
             self._line_seen = line
-            self._prerender.ahead(
-                (self._window_key(state, w, self._decoder_prompt(state)), lambda s=state, w=w: s.window_audio(w),
-                 self._decoder_prompt(state))
-                for state, w, _ in itertools.islice(ready, self._prerender.depth) if state.error is None)
+            waiting = ((state, w, self._decoder_prompt(state))
+                       for state, w, _ in itertools.islice(ready, self._prerender.depth) if state.error is None)
+            self._prerender.ahead((self._window_key(state, w, prompt), lambda s=state, w=w: s.window_audio(w), prompt)
+                                  for state, w, prompt in waiting)
         return admitted
 
     def _submit(self, group: _Group, prompt: list[int], sample_len: int, n: int, live: dict) -> None:

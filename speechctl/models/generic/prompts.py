@@ -26,8 +26,10 @@ class MultiStreamPrompts(PromptBuilder):
 
     def __init__(self, spec, tokenizer, reads: str = "text", phoneme_voice: str = "en-us"):
         super().__init__(spec, tokenizer)
-        if reads not in ("text", "phonemes"):
-            raise ModelError(f"config.json: speechctl.text_input={reads!r}: text or phonemes")
+        from speechctl.phonemes import READS
+
+        if reads not in READS:
+            raise ModelError(f"config.json: speechctl.text_input={reads!r}: one of {', '.join(READS)}")
         self.reads, self.phoneme_voice = reads, phoneme_voice
 
     def _text_ids(self, text: str) -> list[int]:
