@@ -10,7 +10,6 @@ weights (speed does not depend on their values).
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 
@@ -20,10 +19,10 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
     if args.family == "higgs_audio_v2":
-        from speechctl.models.higgs.checkpoint import HIGGS_3B, create_higgs_checkpoint
+        from speechctl.models.higgs.checkpoint import HIGGS_3B_WITH_TOKENIZER, create_higgs_checkpoint
 
-        # the tokenizer's published shape: transformers' defaults, 8 codebooks x 1024
-        create_higgs_checkpoint(args.out, replace(HIGGS_3B, codec=True, codec_config={}))
+        # the tokenizer's published shape: 25 frames/s, 8 codebooks x 1024
+        create_higgs_checkpoint(args.out, HIGGS_3B_WITH_TOKENIZER)
     else:
         import torch
         from safetensors.torch import save_file

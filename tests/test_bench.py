@@ -81,6 +81,8 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
         ("speechctl", 1), ("speechctl", 2), ("transformers", 1), ("transformers", 2)]
     assert seen == [1, 2, 3, 4]  # written after every row
     assert all(r["frames_per_s"] > 0 for r in result["rows"])
+    # vLLM-CPU has no fused MoE kernel: the result says its DualFFN ran both MLPs
+    assert result["dual_ffn"] == "both MLPs" and result["codec_frame_rate"] is None
 
 
 @pytest.mark.parametrize("family", ["dia", "musicgen"])
@@ -147,12 +149,21 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     assert len({j.audio_sampling.top_k for j, _ in jobs}) > 20
     speech = Speech(engine_config=EngineConfig(max_num_seqs=16, kv_cache_bytes=1 << 27))
     try:
-        result = run_workload_bench(speech, rates=(0.8,), requests=4, log=lambda line: None)
+        result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None)
+        guides = speech.checkpoint.family.cfg is not None
     finally:
         speech.close()
     (row,) = result["results"]
-    assert row["requests"] == 4 and row["audio_s"] == result["saturation"]["audio_s"] > 0
+    assert row["requests"] == 5 and row["audio_s"] == result["saturation"]["audio_s"] > 0
     assert row["ttfa_p50_ms"] <= row["e2e_p50_ms"] and row["ttfa_p95_ms"] <= row["e2e_p95_ms"]
+    streamed = sum(stream for _, stream in workload(5, np.random.default_rng(0), result["codec_frame_rate"], guides))
+    assert row["streamed"] == streamed and 0 < streamed < 5  # one-shot requests too
+    assert row["streamed_ttfa_p95_ms"] <= row["e2e_p95_ms"]
+    # the steps' time split lies within the run: every step starts after the first arrival and
+    # ends before the last audio
+    saturated = result["saturation"]
+    assert saturated["steps"] > 0 and saturated["engine_s"] > 0
+    assert saturated["engine_s"] + saturated["codec_s"] + saturated["host_s"] <= saturated["makespan_s"] + 2e-3
     assert result["graph_captures_timed"] == 0  # the CPU has no per-step graphs
 
 

@@ -268,3 +268,15 @@ def test_torchaudio_stand_in_resamples():
     expected = torch.sin(2 * torch.pi * 440 * torch.arange(16000) / 16000)
     middle = slice(100, -100)  # the ends see the zero padding
     assert (out[0, 0, middle] - expected[middle]).abs().max() < 0.02
+
+
+def test_the_benches_tokenizer_has_the_published_frame_rate():
+    """The real-size benches speak through the published tokenizer's shape: 24 kHz, 25 frames/s
+    (transformers' default strides would give 75: three times the frames per second of audio)."""
+    from transformers import HiggsAudioV2TokenizerConfig
+
+    from speechctl.models.higgs.checkpoint import HIGGS_3B_WITH_TOKENIZER
+
+    config = HiggsAudioV2TokenizerConfig(**HIGGS_3B_WITH_TOKENIZER.codec_config)
+    assert (config.sample_rate, config.frame_rate, config.hop_length) == (24000, 25, 960)
+    assert config.semantic_downsample_factor == 2  # HuBERT's 50 frames/s at 16 kHz, halved

@@ -29,13 +29,12 @@ TEXT = "The quick brown fox jumps over the lazy dog, number {i}."
 
 
 def _higgs(tmp: Path, size: str, codec: bool = False):
-    from dataclasses import replace
+    from speechctl.models.higgs.checkpoint import HIGGS_3B, HIGGS_3B_WITH_TOKENIZER, HiggsRecipe, create_higgs_checkpoint
 
-    from speechctl.models.higgs.checkpoint import HIGGS_3B, HiggsRecipe, create_higgs_checkpoint
-
-    recipe = HIGGS_3B if size == "full" else HiggsRecipe(codec=codec)
-    if size == "full" and codec:  # the tokenizer's published shape (transformers' defaults), random weights
-        recipe = replace(recipe, codec=True, codec_config={})
+    if size == "full":  # with codec: the tokenizer at its published shape, random weights
+        recipe = HIGGS_3B_WITH_TOKENIZER if codec else HIGGS_3B
+    else:
+        recipe = HiggsRecipe(codec=codec)
     return create_higgs_checkpoint(tmp / f"higgs-{size}", recipe), recipe.dtype
 
 
@@ -121,9 +120,14 @@ def run_family_bench(
             "config": read_config(path),
             "startup_s": round(startup, 1),
             "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
+            "codec_frame_rate": speech.codec.frame_rate if codec else None,
             "rows": rows,
             "environment": environment(),
         }
+        if family == "higgs_audio_v2":  # without vLLM's MoE kernels its DualFFN runs both MLPs
+            from speechctl.engine.vllm_compat import grouped_mlp_available
+
+            result["dual_ffn"] = "one MLP per token (fused MoE)" if grouped_mlp_available() else "both MLPs"
 
         def add(row: dict) -> None:
             rows.append(row)
@@ -145,7 +149,7 @@ def run_family_bench(
                     raise EngineError(f"benchmark request failed: {r.error or r.codes.shape}")
             return elapsed
 
-        frame_rate = speech.codec.frame_rate if codec else None
+        frame_rate = result["codec_frame_rate"]
         for count in concurrencies:
             speechctl_run(count)  # warm-up at this batch size
             add(rate_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)], frame_rate))

@@ -9,7 +9,7 @@ special tokens the prompt format uses, so no model hub is needed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -76,6 +76,15 @@ HIGGS_3B = HiggsRecipe(
     hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8, head_dim=128, intermediate_size=8192,
     vocab_size=128256, num_codebooks=8, codebook_size=1024, dtype="bfloat16", weights=False, codec=False,
 )
+
+# The published audio tokenizer's shape (bosonai/higgs-audio-v2-tokenizer): 24 kHz, DAC strides
+# 8·5·4·2·3 = hop 960, so 25 frames/s; HuBERT and the other sizes are transformers' defaults.
+# transformers' own default strides stop at 8·5·4·2 (hop 320, 75 frames/s): a codec with three
+# times the frames per second of audio, which is not the one the 3B model speaks through.
+HIGGS_TOKENIZER_CONFIG = dict(
+    acoustic_model_config=dict(downsampling_ratios=[8, 5, 4, 2, 3], upsampling_ratios=[8, 5, 4, 2, 3]),
+)
+HIGGS_3B_WITH_TOKENIZER = replace(HIGGS_3B, codec=True, codec_config=HIGGS_TOKENIZER_CONFIG)
 
 
 def higgs_config(recipe: HiggsRecipe):
