@@ -83,7 +83,7 @@ def command(cfg, stream, arnar, nar, workload, rates, requests, model, random_we
         speech = _workload_speech(model, shape, overrides, random_weights)
         try:
             result = run_workload_bench(speech, [float(x) for x in rates.split(",")], requests,
-                                        log=lambda line: click.echo(line, err=True))
+                                        log=lambda line: click.echo(line, err=True), partial=save)
         finally:
             speech.close()
         save(result)

@@ -17,6 +17,7 @@ Stepping is cooperative (the caller calls ``step``), so several engines can shar
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +59,10 @@ class SpeechStreamer:
         self._live: dict[str, _Live] = {}
         self._failed: list = []
         self._sequences: dict[tuple, Sequence] = {}  # (job id, piece) -> its long job
+        # where the steps' wall time went (benchmarks read it): the engine's step, the codec's
+        # decodes between steps, and the rest (feeding each request's tokens to its reader)
+        self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
+        self.steps = 0
 
     @property
     def sample_rate(self) -> int:
@@ -120,7 +125,9 @@ class SpeechStreamer:
         per request. A request ends with a ``TtsChunk`` whose ``last`` is set (empty audio; its
         ``error`` is set if it failed)."""
         events, self._failed = self._failed, []
+        started = time.perf_counter()
         outputs = self.engine.step() if self._live else []
+        stepped = time.perf_counter()
         frames: dict = {}
         ended: list = []
         finished: list[_Live] = []
@@ -160,6 +167,7 @@ class SpeechStreamer:
         for key in [k for k in frames if k[0] not in self._live]:  # failed in this step
             del frames[key]
         ended = [k for k in ended if k[0] in self._live]
+        decoding = time.perf_counter()
         for chunk in self.decoder.step(frames, ended):
             live = self._live.get(chunk.key[0])
             if live is not None and len(chunk.audio):
@@ -170,9 +178,14 @@ class SpeechStreamer:
                 events.append(self._chunk(live.id, wave, 0, last=False))
                 live.samples = len(wave)
                 finished.append(live)
+        decoded = time.perf_counter()
         for live in finished:  # all its audio was decoded above: close it with an empty chunk
             del self._live[live.id]
             events.append(self._chunk(live.id, start=live.samples, last=True))
+        self.steps += 1
+        self.seconds["engine"] += stepped - started
+        self.seconds["codec"] += decoded - decoding
+        self.seconds["host"] += time.perf_counter() - started - (stepped - started) - (decoded - decoding)
         return self._in_order(events) if self._sequences else events
 
     def _in_order(self, events: list) -> list:
