@@ -25,8 +25,8 @@ The JSON records the exact command (every option spelled out), versions and devi
 draws audio-s/s against batch size. speechctl's rows also say where the time went: its engine
 steps (``step_s``; ``apply_s`` of it is the host in speechctl's logits processor, ``beam_s`` the
 beam steps' share of that), the time outside steps (admission, rendering waits, results), the
-steps that admitted lanes, beam restarts; ``--profile speechctl`` adds a cProfile of one more,
-untimed run of each row (the main thread's top functions).
+steps that admitted lanes and their time (``admitting_step_s``), beam restarts; ``--profile
+speechctl`` adds a cProfile of one more, untimed run of each row (the main thread's top functions).
 """
 
 from __future__ import annotations
@@ -155,6 +155,7 @@ class Speechctl:
     def _counters(self) -> dict:
         asr, decoding, render = self.asr.stats, self.asr.decoding.stats, self.asr._prerender
         return {"steps": asr["steps"], "step_s": asr["step_s"], "admitting_steps": asr["admitting_steps"],
+                "admitting_step_s": asr["admitting_step_s"],
                 "restarts": asr["restarts"], "apply_s": decoding["apply_s"], "beam_steps": decoding["beam_steps"],
                 "beam_s": decoding["beam_s"], "kv_copies": decoding["kv_copies"], "broken_groups": decoding["broken_groups"],
                 "render_wait_s": render.waited_s, "rendered_ahead": render.rendered_ahead,

@@ -31,6 +31,7 @@ def test_the_speed_bench_runs_and_records_its_command(tmp_path):
             assert "profile" not in r and "steps" not in r
             continue
         assert r["steps"] > 0 and 0 < r["apply_s"] < r["step_s"] < r["wall_s"] and r["restarts"] == 0, r
+        assert 0 < r["admitting_steps"] <= r["steps"] and 0 < r["admitting_step_s"] <= r["step_s"], r
         assert (r["beam_steps"] > 0 and 0 < r["beam_s"] < r["apply_s"]) if r["mode"] == "beam5" else r["beam_steps"] == 0, r
         profile = r["profile"]  # the untimed profiled run, its main thread's functions
         assert profile["wall_s"] > 0 and len(profile["own"]) == 30

@@ -190,7 +190,7 @@ class WhisperAsr:
         self._aligner = None
         self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
         self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0, "steps": 0, "step_s": 0.0,
-                      "admitting_steps": 0}
+                      "admitting_steps": 0, "admitting_step_s": 0.0}
         self._prerender = Prerender(self._render, depth=self.config.max_num_seqs)
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
@@ -237,7 +237,8 @@ class WhisperAsr:
                         else:
                             inputs.append(state)
                             self._queue(state, ready)
-                if self._admit(ready, live, max_lanes):
+                admitting = self._admit(ready, live, max_lanes)
+                if admitting:
                     self.stats["admitting_steps"] += 1  # steps that start lanes (no whole CUDA graph)
                 for state in [s for s in inputs if s.done]:  # failed while being added
                     inputs.remove(state)
@@ -255,8 +256,11 @@ class WhisperAsr:
                 self.peak_live = max(self.peak_live, len(live))
                 started = time.perf_counter()
                 outputs = self._engine.step()
+                elapsed = time.perf_counter() - started
                 self.stats["steps"] += 1
-                self.stats["step_s"] += time.perf_counter() - started
+                self.stats["step_s"] += elapsed
+                if admitting:  # its encoder passes and prefills: the steps that decode alone are the rest
+                    self.stats["admitting_step_s"] += elapsed
                 for out in outputs:
                     if not out.finished or out.request_id not in live:
                         continue
