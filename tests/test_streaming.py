@@ -212,6 +212,46 @@ def test_stream_tts_adds_up_to_run(speech):
     assert speech.engine.scheduler_requests() == 0
 
 
+@pytest.mark.engine
+def test_streamer_decoding_on_the_codec_thread_hands_out_the_same_audio_in_order(speech):
+    """The codec's worker thread (the CUDA default, forced here on the CPU) decodes while the
+    engine steps on: streamed and one-shot jobs side by side still get ``Speech.run``'s audio,
+    each job's chunks in order and contiguous, closed once, nothing after the close."""
+    import threading
+
+    from speechctl.api import TtsJob
+    from speechctl.jobs import TtsChunk
+    from speechctl.pipeline.streamer import SpeechStreamer
+
+    def jobs():
+        return [TtsJob(id=f"t{i}", text=f"Worker sentence {i}.", seed=20 + i, max_seconds=0.3 + 0.2 * i) for i in range(4)]
+
+    whole = {r.id: r.audio for r in speech.run(jobs())}
+    streamer = SpeechStreamer(speech, first_chunk=2, decode_thread=True)
+    decoded_on = set()
+    decode = speech.codec.decode
+    speech.codec.decode = lambda codes: decoded_on.add(threading.current_thread().name) or decode(codes)
+    try:
+        for i, job in enumerate(jobs()):
+            streamer.submit(job, stream=i % 2 == 0)
+        parts = {}
+        while streamer.busy():
+            for chunk in (e for e in streamer.step() if isinstance(e, TtsChunk)):
+                assert chunk.error is None, chunk.error
+                got = parts.setdefault(chunk.id, [])
+                assert not (got and got[-1].last), chunk.id  # nothing after a job's close
+                assert chunk.start == sum(len(c.audio) for c in got)
+                got.append(chunk)
+    finally:
+        del speech.codec.decode
+    assert {name.split("_")[0] for name in decoded_on} == {"speechctl-codec"}
+    assert set(parts) == set(whole)
+    for id, ref in whole.items():
+        assert parts[id][-1].last
+        np.testing.assert_allclose(np.concatenate([c.audio for c in parts[id]]), ref, rtol=0, atol=TOLERANCE)
+    assert speech.engine.scheduler_requests() == 0
+
+
 def assert_stream_equals_run(speech, make_jobs, rtol_of_peak: float | None = None) -> float:
     """Streamed chunks of ``make_jobs()`` concatenate to ``Speech.run`` of the same jobs (same
     length; samples within ``rtol_of_peak`` of the peak: the streaming decoder's windows sum in

@@ -50,6 +50,19 @@ class Chunk:
 
 
 @dataclass
+class Plan:
+    """One chunk to emit: decode ``codes`` (a window; None: nothing to decode, an empty last
+    chunk) and keep its frames ``[skip, skip + keep)``; the chunk starts at sample ``start``."""
+
+    key: Hashable
+    codes: np.ndarray | None
+    skip: int
+    keep: int
+    start: int
+    last: bool
+
+
+@dataclass
 class _Stream:
     codes: list[np.ndarray] = field(default_factory=list)  # [K, n] pieces from frame ``base`` on
     base: int = 0  # frames before this one are dropped (no window reaches back to them)
@@ -98,11 +111,52 @@ class StreamingDecoder:
         """Add new code frames (``[K, n]`` per request) and mark requests whose codes are complete;
         decode every chunk that is now ready, all requests in one batch. Returns the chunks in
         request order; a request's ``last`` chunk (possibly empty) ends it and forgets it."""
+        plans = self.plan(frames, ended)
+        windows = [p.codes for p in plans if p.codes is not None]
+        if windows:
+            self.decode_calls += 1
+        return self.cut(plans, self.codec.decode(windows) if windows else [])
+
+    def plan(self, frames: Mapping[Hashable, np.ndarray] | None = None, ended: Iterable[Hashable] = ()) -> list[Plan]:
+        """``step`` without the decode, for a caller that decodes elsewhere (another thread):
+        the chunks now ready, each with the window to decode (``Plan.codes``; all of them in one
+        batch), and every request's state advanced as though they were decoded. ``cut`` turns
+        the plans and the windows' waveforms into the chunks ``step`` would return."""
         for key, codes in (frames or {}).items():
             self._push(key, codes)
         for key in ended:
             self._stream(key).ended = True
-        return self._decode_ready()
+        hop = self.codec.hop_length
+        plans = []
+        for key, s in list(self._streams.items()):
+            if s.ended:
+                start = max(0, s.emitted - self.left)
+                keep = s.frames - s.emitted
+                codes = s.window(start, s.frames) if keep > 0 else None
+                plans.append(Plan(key, codes, s.emitted - start, keep, s.emitted * hop, True))
+                del self._streams[key]
+                continue
+            end = s.emitted
+            size = s.next_chunk
+            while end + size + self.right <= s.frames:  # several chunks may be ready at once
+                end += size
+                size = min(self.max_chunk, math.ceil(size * self.growth))
+            if end > s.emitted:
+                start = max(0, s.emitted - self.left)
+                codes = s.window(start, end + self.right)  # a view: forgetting below keeps it
+                plans.append(Plan(key, codes, s.emitted - start, end - s.emitted, s.emitted * hop, False))
+                s.next_chunk = size
+                s.emitted = end
+                s.forget_before(max(0, s.emitted - self.left))
+        return plans
+
+    def cut(self, plans: list[Plan], waves) -> list[Chunk]:
+        """The chunks of ``plans``, ``waves`` the decoded windows in plan order."""
+        waves = iter(waves)
+        hop = self.codec.hop_length
+        empty = np.zeros(0, dtype=np.float32)
+        return [Chunk(p.key, next(waves)[p.skip * hop : (p.skip + p.keep) * hop] if p.codes is not None else empty,
+                      p.start, p.last) for p in plans]
 
     def push(self, key: Hashable, codes: np.ndarray) -> list[Chunk]:
         """One request's new frames ``[K, n]``; returns the chunks now ready (any request)."""
@@ -135,43 +189,3 @@ class StreamingDecoder:
         if codes.shape[1]:
             stream.codes.append(codes.astype(np.int64, copy=False))
             stream.frames += codes.shape[1]
-
-    def _decode_ready(self) -> list[Chunk]:
-        # (key, window codes, frames to drop at the window's start, frames kept, last)
-        plans = []
-        for key, s in self._streams.items():
-            if s.ended:
-                start = max(0, s.emitted - self.left)
-                keep = s.frames - s.emitted
-                codes = s.window(start, s.frames) if keep > 0 else None
-                plans.append((key, codes, s.emitted - start, keep, True))
-                continue
-            end = s.emitted
-            size = s.next_chunk
-            while end + size + self.right <= s.frames:  # several chunks may be ready at once
-                end += size
-                size = min(self.max_chunk, math.ceil(size * self.growth))
-            if end > s.emitted:
-                start = max(0, s.emitted - self.left)
-                codes = s.window(start, end + self.right)
-                plans.append((key, codes, s.emitted - start, end - s.emitted, False))
-                s.next_chunk = size
-        windows = [p[1] for p in plans if p[1] is not None and p[3] > 0]
-        waves = iter(self.codec.decode(windows)) if windows else iter(())
-        if windows:
-            self.decode_calls += 1
-        hop = self.codec.hop_length
-        chunks = []
-        for key, codes, skip, keep, last in plans:
-            s = self._streams[key]
-            if codes is not None and keep > 0:
-                audio = next(waves)[skip * hop : (skip + keep) * hop]
-            else:
-                audio = np.zeros(0, dtype=np.float32)
-            chunks.append(Chunk(key, audio, s.emitted * hop, last))
-            s.emitted += keep
-            if last:
-                del self._streams[key]
-            else:
-                s.forget_before(max(0, s.emitted - self.left))
-        return chunks

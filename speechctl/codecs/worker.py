@@ -26,26 +26,34 @@ from speechctl.codecs.base import Codec
 
 
 class DecodeQueue:
-    def __init__(self, codec: Codec):
+    def __init__(self, codec: Codec, thread: bool | None = None):
+        """``thread``: decode on the worker thread (None: on CUDA only, where it overlaps)."""
         self.codec = codec
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="speechctl-codec") if codec.device.type == "cuda" else None
+        thread = codec.device.type == "cuda" if thread is None else thread
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="speechctl-codec") if thread else None
         self._pending: deque[tuple[list, Future]] = deque()
         self._waiting: list[tuple[list[np.ndarray], Future]] = []  # submitted, not yet taken by the worker
         self._lock = threading.Lock()
 
     def submit(self, tags: list, codes: list[np.ndarray]) -> None:
         """Decode ``codes`` ([K, T] each), with whatever else is waiting; ``tags`` come back with
-        the waveforms."""
-        if not codes:
-            return
+        the waveforms (``ready``)."""
+        if codes:
+            self._pending.append((tags, self.decode(codes)))
+
+    def decode(self, codes: list[np.ndarray]) -> Future:
+        """The future of ``codes``' waveforms ([K, T] each; none: done at once, an empty list),
+        decoded with whatever else is waiting; for callers that keep their own order."""
         future: Future = Future()
-        if self._pool is None:
+        if not codes:
+            future.set_result([])
+        elif self._pool is None:
             future.set_result(self.codec.decode(codes))
         else:
             with self._lock:
                 self._waiting.append((codes, future))
             self._pool.submit(self._decode_waiting)
-        self._pending.append((tags, future))
+        return future
 
     def _decode_waiting(self) -> None:
         """The worker: every batch waiting now, in one decode (none left: an earlier call took

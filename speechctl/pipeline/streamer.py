@@ -8,9 +8,15 @@
 
 Requests run as ``stream`` requests: every engine step reports their new tokens on all streams;
 :class:`speechctl.models.audio_stream.AudioStreamReader` turns them into code frames as soon as
-each frame is complete on every stream, and one :class:`StreamingDecoder` decodes the ready
-chunks of all requests in one batched codec call per step. So a request's chunks concatenate to
-what ``Speech.run`` returns for it, while its first audio comes a few steps after it started.
+each frame is complete on every stream, and one :class:`StreamingDecoder` plans the ready chunks
+of all requests; they and the step's finished one-shot requests are decoded in one batched codec
+call. So a request's chunks concatenate to what ``Speech.run`` returns for it, while its first
+audio comes a few steps after it started.
+
+On CUDA that decode runs on the codec's worker thread (``codecs/worker.py``), so the engine's
+next step does not wait for it: a step hands out the audio decoded since the last, in the order
+the steps planned it (a step with no request left in the engine waits for the rest). On the CPU
+it runs in the step, where the two would compete for the same cores.
 Stepping is cooperative (the caller calls ``step``), so several engines can share a thread.
 """
 
@@ -18,11 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from speechctl.codecs.streaming import StreamingDecoder
+from speechctl.codecs.streaming import Plan, StreamingDecoder
+from speechctl.codecs.worker import DecodeQueue
 from speechctl.errors import EngineError, SpeechctlError
 from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
 from speechctl.pieces import Sequence
@@ -47,20 +56,41 @@ class _Live:
     samples: int = 0  # audio samples reported so far (all segments)
     open_segment: int | None = None  # the segment being decoded (decoder key (id, segment))
     stream: bool = True  # False: one-shot, its audio decoded whole when it finishes
+    dropped: bool = False  # cancelled or failed: audio still being decoded for it is dropped
+
+
+@dataclass(eq=False)
+class _Decoding:
+    """One step's audio in flight: its streamed chunks (``StreamingDecoder`` plans, their windows
+    first in ``waves``), its finished one-shot requests (their whole codes next), the requests it
+    closes, and the future of the waveforms."""
+
+    plans: list[Plan]
+    lives: dict  # plan key -> _Live
+    whole: list[_Live]
+    closing: list[_Live]
+    windows: int
+    waves: Future
 
 
 class SpeechStreamer:
     """Streaming TTS (and unified speech replies) on one ``Speech`` (see module doc)."""
 
-    def __init__(self, speech, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32):
+    def __init__(self, speech, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
+                 decode_thread: bool | None = None):
+        """``decode_thread``: decode on the codec's worker thread (None: on CUDA only)."""
         self.speech = speech
         self.engine = speech.engine
         self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
+        self._decodes = DecodeQueue(speech.codec, thread=decode_thread)
+        self._in_flight: deque[_Decoding] = deque()
         self._live: dict[str, _Live] = {}
+        self._closing: dict[str, _Live] = {}  # out of the engine, audio still being decoded
         self._failed: list = []
         self._sequences: dict[tuple, Sequence] = {}  # (job id, piece) -> its long job
-        # where the steps' wall time went (benchmarks read it): the engine's step, the codec's
-        # decodes between steps, and the rest (feeding each request's tokens to its reader)
+        # where the steps' wall time went (benchmarks read it): the engine's step, the codec
+        # (planning its decodes, waiting for them where they run in the step or nothing is left
+        # in the engine, handing out their audio), and the rest (each request's tokens to its reader)
         self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
         self.steps = 0
 
@@ -114,9 +144,13 @@ class SpeechStreamer:
             if live.open_segment is not None:
                 self.decoder.cancel((live.id, live.open_segment))
             del self._live[live.id]
+            live.dropped = True
+        for i in list(self._closing) if ids is None else ids:
+            if i in self._closing:
+                self._closing.pop(i).dropped = True
 
     def busy(self) -> bool:
-        return bool(self._live or self._failed)
+        return bool(self._live or self._failed or self._in_flight)
 
     # -- stepping -------------------------------------------------------------------------------
 
@@ -168,25 +202,48 @@ class SpeechStreamer:
             del frames[key]
         ended = [k for k in ended if k[0] in self._live]
         decoding = time.perf_counter()
-        for chunk in self.decoder.step(frames, ended):
-            live = self._live.get(chunk.key[0])
-            if live is not None and len(chunk.audio):
-                events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
-                live.samples += len(chunk.audio)
-        if whole:
-            for (live, _), wave in zip(whole, self.speech.codec.decode([codes for _, codes in whole])):
-                events.append(self._chunk(live.id, wave, 0, last=False))
-                live.samples = len(wave)
-                finished.append(live)
+        plans = self.decoder.plan(frames, ended)
+        windows = [p.codes for p in plans if p.codes is not None]
+        if windows:
+            self.decoder.decode_calls += 1
+        closing = finished + [live for live, _ in whole]
+        for live in closing:  # out of the engine; closed once its audio is handed out
+            self._closing[live.id] = self._live.pop(live.id)
+        if plans or closing:
+            self._in_flight.append(_Decoding(
+                plans, {p.key: self._closing.get(p.key[0]) or self._live[p.key[0]] for p in plans},
+                [live for live, _ in whole], closing, len(windows),
+                self._decodes.decode(windows + [codes for _, codes in whole]),
+            ))
+        events += self._decoded(wait=not self._live)
         decoded = time.perf_counter()
-        for live in finished:  # all its audio was decoded above: close it with an empty chunk
-            del self._live[live.id]
-            events.append(self._chunk(live.id, start=live.samples, last=True))
         self.steps += 1
         self.seconds["engine"] += stepped - started
         self.seconds["codec"] += decoded - decoding
         self.seconds["host"] += time.perf_counter() - started - (stepped - started) - (decoded - decoding)
         return self._in_order(events) if self._sequences else events
+
+    def _decoded(self, wait: bool) -> list:
+        """The chunks of the steps whose audio is decoded (all of them, waiting, with ``wait``),
+        in step order: each request's chunks, then the empty chunk that closes it."""
+        events = []
+        while self._in_flight and (wait or self._in_flight[0].waves.done()):
+            step = self._in_flight.popleft()
+            waves = step.waves.result()  # a codec failure is the caller's, as a decode in the step was
+            for chunk in self.decoder.cut(step.plans, waves[: step.windows]):
+                live = step.lives[chunk.key]
+                if not live.dropped and len(chunk.audio):
+                    events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
+                    live.samples += len(chunk.audio)
+            for live, wave in zip(step.whole, waves[step.windows :]):
+                if not live.dropped:
+                    events.append(self._chunk(live.id, wave, 0, last=False))
+                    live.samples = len(wave)
+            for live in step.closing:
+                if not live.dropped:
+                    del self._closing[live.id]
+                    events.append(self._chunk(live.id, start=live.samples, last=True))
+        return events
 
     def _in_order(self, events: list) -> list:
         """Pieces' chunks as their long jobs' chunks, in piece order (``pieces.Sequence``)."""
@@ -200,7 +257,7 @@ class SpeechStreamer:
             out.extend(emitted)
             if sequence.failed or any(c.last for c in emitted):
                 pieces = [k for k, s in self._sequences.items() if s is sequence]
-                self.cancel([k for k in pieces if k in self._live])
+                self.cancel([k for k in pieces if k in self._live or k in self._closing])
                 for key in pieces:
                     del self._sequences[key]
         return out
@@ -229,6 +286,7 @@ class SpeechStreamer:
         if live.open_segment is not None:
             self.decoder.cancel((live.id, live.open_segment))
         self._live.pop(live.id, None)
+        live.dropped = True  # audio of earlier steps still being decoded
         events.append(self._chunk(live.id, error=error))
 
     def _chunk(self, id: str, audio: np.ndarray | None = None, start: int = 0, last: bool = True, error: str | None = None):
