@@ -8,7 +8,8 @@ sampling varies (temperature, top-k 1-500, top-p), and where the family guides, 
 at varied scales. Per rate: the sustained audio-s/s, p50 / p95 time to first audio (one-shot: its
 whole audio) and end-to-end latency, and the graph captures and torch.compile frames during the
 timed run (after warm-up both should be 0). Saturation is measured first: every request of a
-round submitted at once.
+round submitted at once, then the same round with uniform settings (one sampling, one CFG scale:
+``varied_vs_uniform`` is what the variety costs).
 
     speechctl bench --workload --shape llama-1b --rates 0.3,0.5,0.7,0.9,1.2
 """
@@ -41,6 +42,20 @@ def workload(count: int, rng: np.random.Generator, frame_rate: float, cfg: bool)
         job = TtsJob(id=f"w{i}", text=text, audio_sampling=sampling, seed=i, max_seconds=seconds, guidance=guidance)
         jobs.append((job, bool(rng.random() < 0.5)))
     return jobs
+
+
+UNIFORM_SAMPLING = Sampling(temperature=0.9, top_k=50)
+UNIFORM_CFG_SCALE = 3.0
+
+
+def uniform(jobs: list[tuple[TtsJob, bool]]) -> list[tuple[TtsJob, bool]]:
+    """The same jobs with one setting for all (issue 21's yardstick for varied settings): one
+    sampling, CFG where they have it at one scale; the same texts, lengths and streaming."""
+    from dataclasses import replace
+
+    return [(replace(job, audio_sampling=UNIFORM_SAMPLING,
+                     guidance=Guidance(scale=UNIFORM_CFG_SCALE) if job.guidance.enabled else Guidance()), stream)
+            for job, stream in jobs]
 
 
 def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = 2) -> tuple[dict, dict]:
@@ -119,6 +134,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
     log(f"saturation: {saturated['audio_s_per_s']} audio-s/s ({saturated_rate:.2f} requests/s); {saturated['steps']} steps: "
         f"engine {saturated['engine_s']} s, codec {saturated['codec_s']} s, host {saturated['host_s']} s")
+    same = summarize(drive(speech, uniform(jobs), [0.0] * len(jobs)))
+    log(f"saturation with uniform settings: {same['audio_s_per_s']} audio-s/s; varied / uniform "
+        f"{saturated['audio_s_per_s'] / same['audio_s_per_s']:.3f}")
     rows = []
     result = {
         "benchmark": "workload",
@@ -128,6 +146,8 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         "mix": {"streamed": 0.5, "cfg": 0.25 if cfg else 0.0, "words": [3, 60], "frames_per_word": FRAMES_PER_WORD,
                 "top_k": [1, 500], "top_p": [0.9, 0.95, 1.0], "temperature": [0.5, 1.2]},
         "saturation": saturated,
+        "uniform_saturation": same,  # the same jobs, one sampling and CFG scale for all
+        "varied_vs_uniform": round(saturated["audio_s_per_s"] / same["audio_s_per_s"], 3),
         "environment": environment(),
         "results": rows,
     }
