@@ -66,7 +66,7 @@ class _Decoding:
     closes, and the future of the waveforms."""
 
     plans: list[Plan]
-    lives: dict  # plan key -> _Live
+    lives: dict  # plan key -> _Live (None: gone before the step, as a cancelled request's was)
     whole: list[_Live]
     closing: list[_Live]
     windows: int
@@ -211,7 +211,7 @@ class SpeechStreamer:
             self._closing[live.id] = self._live.pop(live.id)
         if plans or closing:
             self._in_flight.append(_Decoding(
-                plans, {p.key: self._closing.get(p.key[0]) or self._live[p.key[0]] for p in plans},
+                plans, {p.key: self._closing.get(p.key[0]) or self._live.get(p.key[0]) for p in plans},
                 [live for live, _ in whole], closing, len(windows),
                 self._decodes.decode(windows + [codes for _, codes in whole]),
             ))
@@ -232,7 +232,7 @@ class SpeechStreamer:
             waves = step.waves.result()  # a codec failure is the caller's, as a decode in the step was
             for chunk in self.decoder.cut(step.plans, waves[: step.windows]):
                 live = step.lives[chunk.key]
-                if not live.dropped and len(chunk.audio):
+                if live is not None and not live.dropped and len(chunk.audio):
                     events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
                     live.samples += len(chunk.audio)
             for live, wave in zip(step.whole, waves[step.windows :]):
