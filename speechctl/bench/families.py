@@ -125,9 +125,10 @@ def run_family_bench(
             "environment": environment(),
         }
         if family == "higgs_audio_v2":  # without vLLM's MoE kernels its DualFFN runs both MLPs
-            from speechctl.engine.vllm_compat import grouped_mlp_available
+            from speechctl.models.higgs.model import one_mlp_per_token
 
-            result["dual_ffn"] = "one MLP per token (fused MoE)" if grouped_mlp_available() else "both MLPs"
+            grouped = one_mlp_per_token(bool(result["config"].get("mlp_bias", False)))
+            result["dual_ffn"] = "one MLP per token (fused MoE)" if grouped else "both MLPs"
 
         def add(row: dict) -> None:
             rows.append(row)

@@ -17,6 +17,7 @@ round submitted at once, then the same round with uniform settings (one sampling
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -51,8 +52,6 @@ UNIFORM_CFG_SCALE = 3.0
 def uniform(jobs: list[tuple[TtsJob, bool]]) -> list[tuple[TtsJob, bool]]:
     """The same jobs with one setting for all (issue 21's yardstick for varied settings): one
     sampling, CFG where they have it at one scale; the same texts, lengths and streaming."""
-    from dataclasses import replace
-
     return [(replace(job, audio_sampling=UNIFORM_SAMPLING,
                      guidance=Guidance(scale=UNIFORM_CFG_SCALE) if job.guidance.enabled else Guidance()), stream)
             for job, stream in jobs]
@@ -152,12 +151,11 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         "results": rows,
     }
 
-    def counted() -> dict:
+    def counted() -> None:  # the timed runs' captures and compiles so far; the result so far written
         result["graph_captures_timed"] = speech.engine.stats()["graph_captures"] - captures
         result["compiled_frames_timed"] = _compiles() - compiles
         if partial is not None:
             partial(result)
-        return result
 
     counted()
     for fraction in rates:

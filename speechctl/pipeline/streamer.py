@@ -204,8 +204,6 @@ class SpeechStreamer:
         decoding = time.perf_counter()
         plans = self.decoder.plan(frames, ended)
         windows = [p.codes for p in plans if p.codes is not None]
-        if windows:
-            self.decoder.decode_calls += 1
         closing = finished + [live for live, _ in whole]
         for live in closing:  # out of the engine; closed once its audio is handed out
             self._closing[live.id] = self._live.pop(live.id)
@@ -216,11 +214,11 @@ class SpeechStreamer:
                 self._decodes.decode(windows + [codes for _, codes in whole]),
             ))
         events += self._decoded(wait=not self._live)
-        decoded = time.perf_counter()
+        engine, codec = stepped - started, time.perf_counter() - decoding
         self.steps += 1
-        self.seconds["engine"] += stepped - started
-        self.seconds["codec"] += decoded - decoding
-        self.seconds["host"] += time.perf_counter() - started - (stepped - started) - (decoded - decoding)
+        self.seconds["engine"] += engine
+        self.seconds["codec"] += codec
+        self.seconds["host"] += time.perf_counter() - started - engine - codec
         return self._in_order(events) if self._sequences else events
 
     def _decoded(self, wait: bool) -> list:

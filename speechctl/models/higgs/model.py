@@ -60,6 +60,12 @@ from speechctl.models.stream_model import (
 )
 
 
+def one_mlp_per_token(mlp_bias: bool) -> bool:
+    """Whether the DualFFN runs each token through its own MLP only (vLLM's fused MoE kernel,
+    ``dual_mlp.py``) or computes both MLPs and selects (no MoE kernels here, or biased MLPs)."""
+    return vllm_compat.grouped_mlp_available() and not mlp_bias
+
+
 class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
     """vLLM's Llama layer plus the audio branch: its own norms and MLP for audio positions.
 
@@ -71,7 +77,7 @@ class HiggsAudioV2DecoderLayer(LlamaDecoderLayer):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", audio_mask: torch.Tensor):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
-        self.grouped = vllm_compat.grouped_mlp_available() and not getattr(config, "mlp_bias", False)
+        self.grouped = one_mlp_per_token(getattr(config, "mlp_bias", False))
         if self.grouped:  # one MLP's work per token (dual_mlp.py); vLLM's text MLP goes
             del self.mlp
             rank, size = vllm_compat.tensor_parallel_rank_and_size()
