@@ -7,6 +7,11 @@ import os
 from speechctl.errors import InputError
 
 GPU_MEMORY_ENV = "SPEECHCTL_GPU_MEMORY"
+CODEC_MEMORY_ENV = "SPEECHCTL_CODEC_MEMORY"
+# What one codec call may take on the GPU at most by default: enough for batches of a few
+# thousand frames of any of our codecs, little beside an engine's default 0.85 share of an 80 or
+# 141 GB GPU (12 or 21 GB left to the rest of the process).
+DEFAULT_CODEC_MEMORY_GIB = 4.0
 
 
 def has_cuda() -> bool:
@@ -29,6 +34,23 @@ def gpu_memory_share(default: float | None = None) -> float | None:
     if not 0 < share <= 1:
         raise InputError(f"{GPU_MEMORY_ENV}={value!r}: give the share of the GPU's memory an engine may take, a number in (0, 1]")
     return share
+
+
+def codec_memory_budget(free_bytes: int) -> int:
+    """Bytes of activations one codec call may take on the GPU: ``SPEECHCTL_CODEC_MEMORY`` (GiB)
+    where set, else the smaller of 4 GiB and half of what is free when the codec loads (a codec
+    loaded beside a running engine gets what the engine left; the engine's share is of the whole
+    GPU, so a codec loaded first must not take more than the default leaves)."""
+    value = os.environ.get(CODEC_MEMORY_ENV, "").strip()
+    if not value:
+        return int(min(DEFAULT_CODEC_MEMORY_GIB * 2**30, free_bytes / 2))
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = 0.0
+    if not gib > 0:
+        raise InputError(f"{CODEC_MEMORY_ENV}={value!r}: give the GPU memory one codec call may take, in GiB (a positive number)")
+    return int(gib * 2**30)
 
 
 def split_cores(groups: int) -> list[tuple[int, ...]] | None:

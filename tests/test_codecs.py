@@ -16,7 +16,9 @@ import torch
 import transformers
 
 from speechctl.codecs import Codec, load_codec
-from speechctl.codecs.base import measure_context, run_exact_batched
+from speechctl.accelerator import CODEC_MEMORY_ENV, codec_memory_budget
+from speechctl.codecs.base import frames_within, measure_context, run_exact_batched
+from speechctl.errors import InputError
 
 DECODE_TOLERANCE = 1e-5  # max abs difference, float32 waveforms in [-1, 1]
 HOP = 320
@@ -182,6 +184,54 @@ def test_small_batch_budget_splits_calls_and_stays_exact(codec, monkeypatch):
     monkeypatch.setattr(codec, "max_batch_frames", 50)
     for waveform, reference in zip(codec.decode(codes), expected):
         np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
+
+
+def test_frames_within_a_memory_budget():
+    # 1 GiB at 1 MiB a frame: 1,024 frames; never more than the configured most, never fewer
+    # than the floor (a call always takes one item), the floor itself capped by the most.
+    assert frames_within(2**30, 2**20, most=32768) == 1024
+    assert frames_within(2**30, 2**20, most=500) == 500
+    assert frames_within(2**20, 2**20, most=32768) == 64
+    assert frames_within(2**20, 2**20, most=10) == 10
+    assert frames_within(2**30, 0.0, most=32768) == 32768  # a probe that allocated nothing
+
+
+def test_codec_memory_budget_default_and_setting(monkeypatch):
+    monkeypatch.delenv(CODEC_MEMORY_ENV, raising=False)
+    assert codec_memory_budget(free_bytes=100 * 2**30) == 4 * 2**30  # the default cap
+    assert codec_memory_budget(free_bytes=2 * 2**30) == 2**30  # half of what is free
+    monkeypatch.setenv(CODEC_MEMORY_ENV, "1.5")
+    assert codec_memory_budget(free_bytes=2 * 2**30) == int(1.5 * 2**30)
+    for bad in ("lots", "0", "-2"):
+        monkeypatch.setenv(CODEC_MEMORY_ENV, bad)
+        with pytest.raises(InputError, match=CODEC_MEMORY_ENV):
+            codec_memory_budget(free_bytes=2**30)
+
+
+def test_fit_to_memory_leaves_the_cpu_batches_alone(codec):
+    before = codec.max_batch_frames
+    codec.fit_to_memory(budget_bytes=1)
+    assert codec.max_batch_frames == before and codec.decode_bytes_per_frame is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="measures CUDA memory")
+def test_decode_on_cuda_stays_within_the_codec_memory_budget(dac_path):
+    # load_codec fits the batches to a budget from a probe decode; a batch of 64 items then
+    # decodes in several calls, none of which takes more than the budget (with a probe's
+    # margin: activations grow with frames, the probe's fixed part makes it conservative).
+    budget = 64 * 2**20
+    codec = load_codec(dac_path, device="cuda")
+    codec.fit_to_memory(budget_bytes=budget)
+    assert codec.decode_bytes_per_frame > 0 and codec.max_batch_frames < 64 * 2000
+    codes = random_codes([2000] * 64, seed=7)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    waveforms = codec.decode(codes)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 1.25 * budget
+    # (cuDNN's TF32 convolutions: batches of other shapes round differently)
+    np.testing.assert_allclose(waveforms[5], codec.decode([codes[5]])[0], rtol=0, atol=5e-3)
 
 
 def test_decode_empty_and_bad_input(codec):

@@ -23,8 +23,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-# Frames (items x padded frames) per model call; bounds activation memory. About 11 minutes of
-# 50 Hz audio; a full-size DAC decoder needs roughly 0.4 MB of activations per frame.
+# Frames (items x padded frames) per model call at most; bounds activation memory on the CPU.
+# About 11 minutes of 50 Hz audio; on CUDA a codec measures what a frame costs and lowers it to
+# its memory budget (``Codec.fit_to_memory``).
 DEFAULT_MAX_BATCH_FRAMES = 32768
 
 # Probe lengths (frames) tried in turn when measuring a receptive field.
@@ -49,7 +50,8 @@ class Codec(ABC):
             ``right == 0`` for a causal decoder. Streaming decode reuses it.
         encode_context: ``(left, right)`` frames: code frame ``t`` depends on the waveform of
             frames ``t - left .. t + right`` only.
-        max_batch_frames: largest ``items x padded frames`` given to one model call.
+        max_batch_frames: largest ``items x padded frames`` given to one model call (on CUDA
+            lowered to the codec's memory budget at load, ``fit_to_memory``).
 
     Subclasses set the model up, call ``Codec.__init__`` and then ``self.measure_contexts()``, and
     implement ``_decode_batch``, ``_encode_batch`` and ``_encoder_features``.
@@ -84,6 +86,7 @@ class Codec(ABC):
         self.codebook_size = int(codebook_size)
         self.device = torch.device(device)
         self.max_batch_frames = int(max_batch_frames)
+        self.decode_bytes_per_frame: float | None = None  # measured on CUDA (fit_to_memory)
         # On CUDA the codec runs on a stream of its own: its results are waited for alone, not
         # behind the engine's next step that vLLM's async scheduling has already queued.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -185,6 +188,34 @@ class Codec(ABC):
         """One call at a time, on the codec's CUDA stream (the CPU: just the lock)."""
         with self._lock, (torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()):
             yield
+
+    # ---- memory ----
+
+    def fit_to_memory(self, budget_bytes: int | None = None, probe_frames: int = 1024) -> None:
+        """On CUDA, lower ``max_batch_frames`` so that one decode call's activations stay within
+        ``budget_bytes`` (default ``accelerator.codec_memory_budget``), from the peak of a probe
+        decode of ``probe_frames`` frames. A fixed frame count cannot do it: a frame costs what its
+        samples and channels do (Higgs' tokenizer 960 samples a frame, Mimi 1920, DAC 512), and the
+        real Higgs 3B's and CSM's end-to-end benches ran out of memory at 64 x 256 frames beside an
+        engine at its default share. Elsewhere (the CPU) nothing changes."""
+        if self.device.type != "cuda":
+            return
+        from speechctl.accelerator import codec_memory_budget
+
+        if budget_bytes is None:
+            budget_bytes = codec_memory_budget(torch.cuda.mem_get_info(self.device)[0])
+        batch = 4
+        codes = torch.randint(0, self.codebook_size, (batch, self.num_codebooks, probe_frames // batch), device=self.device)
+        with self._on_own_stream(), torch.no_grad():
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._decode_batch(codes)
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - before
+        self.decode_bytes_per_frame = peak / (batch * (probe_frames // batch))
+        self.max_batch_frames = frames_within(budget_bytes, self.decode_bytes_per_frame, self.max_batch_frames)
+        torch.cuda.empty_cache()  # the probe's blocks go back: an engine started after sees them free
 
     # ---- receptive fields ----
 
@@ -369,6 +400,15 @@ def _pad_end(tensor: torch.Tensor, length: int) -> torch.Tensor:
     if tensor.shape[-1] >= length:
         return tensor[..., :length]
     return torch.nn.functional.pad(tensor, (0, length - tensor.shape[-1]))
+
+
+def frames_within(budget_bytes: int, bytes_per_frame: float, most: int, least: int = 64) -> int:
+    """The most frames (items x padded frames) one call may take for its activations to stay
+    within ``budget_bytes`` at ``bytes_per_frame`` (a convolution stack's activations grow with its
+    frames), at most ``most`` and at least ``least`` (a call always takes one item, see
+    ``_chunks``)."""
+    fit = int(budget_bytes // max(bytes_per_frame, 1.0))
+    return max(min(least, most), min(most, fit))
 
 
 def _chunks(indices: list[int], frames_per_item: Callable[[int], int], budget: int) -> list[list[int]]:

@@ -39,7 +39,8 @@ def codec_model_type(path: str | Path) -> str:
 def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) -> Codec:
     """Load the codec in checkpoint directory ``path`` onto ``device``, in eval mode.
 
-    ``options`` go to the codec class (for example ``max_batch_frames``).
+    ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA its batches
+    are then fitted to the codec's memory budget (``Codec.fit_to_memory``).
     Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
     """
     model_type = codec_model_type(path)
@@ -48,4 +49,6 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) 
         raise ValueError(f"{path}: unsupported codec model_type {model_type!r} (supported: {known})")
     module_name, class_name = CODEC_CLASSES[model_type].split(":")
     codec_class = getattr(importlib.import_module(module_name), class_name)
-    return codec_class(path, device, **options)
+    codec = codec_class(path, device, **options)
+    codec.fit_to_memory()
+    return codec
