@@ -129,7 +129,7 @@ def test_guided_attention_learns_where_each_frame_reads(tmp_path):
     recipe.lm = replace(recipe.lm, dtype="float32")
     recipe.lm_train = replace(recipe.lm_train, batch_tokens=4096, lr=2e-3, warmup_steps=20, decay_share=0.0,
                               bare_text_share=0.0, log_every=50, eval_every=10**6, align_weight=1.0,
-                              align_layer=1, align_heads=1)
+                              align_layer=1, align_heads=1, align_start=0, align_ramp=0)
     path = tmp_path / "codes"
     write_copy_task(path, recipe.codec.n_codebooks, recipe.codec.codebook_size, {"train": 600, "heldout": 32},
                     words=True)
@@ -152,6 +152,38 @@ def test_guided_attention_learns_where_each_frame_reads(tmp_path):
 
     table, uniform = attention_table(trainer)  # the recipe's `lm-attention` on this model
     assert table.shape == (2, 2) and table[1, 0] > 0.5 > uniform and table[1, 0] == table.max()
+
+
+def test_guided_attention_waits_for_its_start_then_ramps(tmp_path):
+    """Before ``align_start`` the guided loss is logged but moves nothing: the weights equal a run
+    without it, step for step; then its weight rises linearly over ``align_ramp`` steps."""
+    from copy_task import write_copy_task
+    from recipes.voice.lm import LMTrainer
+    from recipes.voice.schedule import ramp
+
+    assert [ramp(s, 10, 4) for s in (0, 9, 10, 11, 12, 13, 14, 100)] == [0, 0, 0.25, 0.5, 0.75, 1, 1, 1]
+    assert ramp(0, 0, 0) == 1.0 and ramp(5, 6, 0) == 0.0
+
+    recipe = preset("tiny")
+    recipe.lm = replace(recipe.lm, dtype="float32")
+    path = tmp_path / "codes"
+    write_copy_task(path, recipe.codec.n_codebooks, recipe.codec.codebook_size, {"train": 64, "heldout": 8}, words=True)
+    runs = {}
+    for weight in (0.0, 1.0):
+        recipe.lm_train = replace(recipe.lm_train, batch_tokens=2048, warmup_steps=2, decay_share=0.0, log_every=3,
+                                  eval_every=10**6, align_weight=weight, align_layer=1, align_heads=1,
+                                  align_start=6, align_ramp=2)
+        trainer = LMTrainer(recipe.validate(), path, tmp_path / f"work-{weight}", "cpu", "c" * 64, log=lambda line: None)
+        trainer.train(1e12, max_steps=6)
+        runs[weight] = trainer
+    for (name, a), b in zip(runs[0.0].model.state_dict().items(), runs[1.0].model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert all(row["align_loss"] > 0 for row in runs[1.0].history if "align_loss" in row)  # logged all along
+    runs[1.0].train(1e12, max_steps=1)  # step 6: the guided loss counts from here
+    runs[0.0].train(1e12, max_steps=1)
+    assert not all(torch.equal(a, b) for a, b in zip(runs[0.0].model.parameters(), runs[1.0].model.parameters()))
+    with pytest.raises(ConfigError, match="align_start"):
+        replace(recipe, lm_train=replace(recipe.lm_train, align_start=-1)).validate()
 
 
 def test_guided_attention_needs_words_and_a_layer_that_exists(tmp_path):

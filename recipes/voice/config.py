@@ -196,6 +196,14 @@ class LMTrain:
     align_weight: float = 0.0
     align_layer: int = 2
     align_heads: int = 2
+    # ... and only from step align_start on, its weight rising over align_ramp steps. From the
+    # first step it starved the LM: an untrained model's attention is spread evenly, so the guided
+    # loss's gradient (norm 4-8 against the LM's own 0.1-0.7) set the global clip (grad_clip 1),
+    # which cut the LM's own gradient 5-8x: a new LM on the H200 stood at held-out 6.16 at step
+    # 500 where the letter LM without it had 4.55 (docs/voice/lm-progress.md). A run resumed past
+    # start + ramp has the whole weight from its first step, as before these settings.
+    align_start: int = 1000
+    align_ramp: int = 1000
     bf16: bool = True
     compile: bool = False  # torch.compile the loss (model included); eager is safe, batches are large
     log_every: int = 50
@@ -224,6 +232,8 @@ class Recipe:
                                                              and 0 < t.align_heads <= self.lm.num_heads):
             raise ConfigError(f"lm_train.align_*: layer {t.align_layer} of {self.lm.num_layers}, "
                               f"{t.align_heads} heads of {self.lm.num_heads}, weight {t.align_weight} >= 0")
+        if t.align_start < 0 or t.align_ramp < 0:
+            raise ConfigError(f"lm_train.align_start={t.align_start}, align_ramp={t.align_ramp}: steps, >= 0")
         return self
 
     def to_dict(self) -> dict:

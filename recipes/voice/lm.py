@@ -32,7 +32,7 @@ from recipes.voice.align import AttentionProbe, word_spans
 from recipes.voice.checkpoint import environment, load_state, read_record, save_state, write_record
 from recipes.voice.codes import CodeSplit, load_codes
 from recipes.voice.config import ConfigError, LMShape, Recipe, multistream_recipe
-from recipes.voice.schedule import RunSchedule, resumed_rate
+from recipes.voice.schedule import RunSchedule, ramp, resumed_rate
 from recipes.voice.text import bare, bare_variant
 
 
@@ -391,11 +391,16 @@ class LMTrainer:
             lr = cfg.lr * schedule.factor(self.step)
             for group in self.opt.param_groups:
                 group["lr"] = lr
+            align_weight = cfg.align_weight * ramp(self.step, cfg.align_start, cfg.align_ramp)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss, per_stream, acc, _ = self.forward(self.model, batch, self.allowed, self.stream_weights)
-                align = self.probe.loss(batch["gold"]) if self.probe is not None else torch.zeros((), device=self.device)
+                if self.probe is None:
+                    align = torch.zeros((), device=self.device)
+                else:  # logged before it counts too (no gradient then)
+                    with torch.set_grad_enabled(align_weight > 0):
+                        align = self.probe.loss(batch["gold"])
             self.opt.zero_grad(set_to_none=True)
-            (loss + cfg.align_weight * align).backward()
+            (loss + align_weight * align if align_weight > 0 else loss).backward()
             grad = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()
             self.step, self.position = self.step + 1, self.position + 1

@@ -60,3 +60,11 @@ def resumed_rate(history: list[dict], peak: float) -> float | None:
     every checkpoint) over the peak; None where nothing was logged."""
     rate = next((row["lr"] for row in reversed(history) if "lr" in row), None)
     return None if rate is None else rate / peak
+
+
+def ramp(step: int, start: int, length: int) -> float:
+    """0 before ``start``, rising linearly to 1 over the next ``length`` steps, then 1: the share
+    of a loss term's weight at ``step`` (the guided attention's, ``lm_train.align_start``)."""
+    if step < start:
+        return 0.0
+    return 1.0 if length <= 0 else min(1.0, (step - start + 1) / length)
