@@ -151,6 +151,7 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     try:
         result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None)
         guides = speech.checkpoint.family.cfg is not None
+        assert result["codec_decode_context"] == list(speech.codec.decode_context)
     finally:
         speech.close()
     (row,) = result["results"]
