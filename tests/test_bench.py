@@ -160,6 +160,8 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     streamed = sum(stream for _, stream in workload(5, np.random.default_rng(0), result["codec_frame_rate"], guides))
     assert row["streamed"] == streamed and 0 < streamed < 5  # one-shot requests too
     assert row["streamed_ttfa_p95_ms"] <= row["e2e_p95_ms"]
+    # a streamed request's first chunk (2 frames) waits for the codec's right context past it
+    assert row["streamed_steps_to_audio_p50"] >= 2 + result["codec_decode_context"][1]
     # the steps' time split lies within the run: every step starts after the first arrival and
     # ends before the last audio
     saturated = result["saturation"]

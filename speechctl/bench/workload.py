@@ -74,6 +74,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
             _, i = pending.pop(0)
             job, stream = jobs[i]
             streamer.submit(job, stream=stream)
+            seen[job.id]["submitted_step"] = streamer.steps
         if not streamer.busy():
             time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
             continue
@@ -82,7 +83,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
             if chunk.error:
                 raise EngineError(f"workload request failed: {chunk.error}")
             if len(chunk.audio) and "first" not in row:
-                row["first"] = t
+                row["first"], row["first_step"] = t, streamer.steps
             samples[chunk.id] = samples.get(chunk.id, 0) + len(chunk.audio)
             if chunk.last:
                 row["last"] = t
@@ -94,18 +95,23 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
 
 def summarize(driven: tuple[dict, dict]) -> dict:
     """TTFA counts a one-shot request's whole audio as its first; ``streamed_ttfa_*`` are the
-    streamed requests' alone (what a listener waits for before the first sound)."""
+    streamed requests' alone (what a listener waits for before the first sound), and
+    ``streamed_steps_to_audio_*`` the engine steps they waited (TTFA is that many steps at the
+    load's step time: too many steps and too slow steps need different cures)."""
     rows, split = driven
     first = [r["first"] - r["arrival"] for r in rows.values()]
     streamed = [r["first"] - r["arrival"] for r in rows.values() if r["stream"]]
+    steps = [r["first_step"] - r["submitted_step"] for r in rows.values() if r["stream"]]
     last = [r["last"] - r["arrival"] for r in rows.values()]
     makespan = max(r["last"] for r in rows.values()) - min(r["arrival"] for r in rows.values())
     audio = sum(r["audio_s"] for r in rows.values())
     ms = lambda xs, q: round(1000 * float(np.percentile(xs, q)), 1) if xs else None
+    pct = lambda xs, q: round(float(np.percentile(xs, q)), 1) if xs else None
     return {"requests": len(rows), "streamed": len(streamed), "audio_s": round(audio, 2),
             "makespan_s": round(makespan, 3), "audio_s_per_s": round(audio / makespan, 2),
             "ttfa_p50_ms": ms(first, 50), "ttfa_p95_ms": ms(first, 95),
             "streamed_ttfa_p50_ms": ms(streamed, 50), "streamed_ttfa_p95_ms": ms(streamed, 95),
+            "streamed_steps_to_audio_p50": pct(steps, 50), "streamed_steps_to_audio_p95": pct(steps, 95),
             "e2e_p50_ms": ms(last, 50), "e2e_p95_ms": ms(last, 95), **split}
 
 
@@ -165,7 +171,8 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
         row = {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
         log(f"load {fraction:.2f}: {row['audio_s_per_s']} audio-s/s, TTFA p50/p95 {row['ttfa_p50_ms']}/{row['ttfa_p95_ms']} ms "
-            f"(streamed {row['streamed_ttfa_p50_ms']}/{row['streamed_ttfa_p95_ms']} ms), "
+            f"(streamed {row['streamed_ttfa_p50_ms']}/{row['streamed_ttfa_p95_ms']} ms, "
+            f"{row['streamed_steps_to_audio_p50']}/{row['streamed_steps_to_audio_p95']} steps), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
             f"codec {row['codec_s']} s, host {row['host_s']} s")
         rows.append(row)
