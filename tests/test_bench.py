@@ -162,6 +162,10 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     assert row["streamed_ttfa_p95_ms"] <= row["e2e_p95_ms"]
     # a streamed request's first chunk (2 frames) waits for the codec's right context past it
     assert row["streamed_steps_to_audio_p50"] >= 2 + result["codec_decode_context"][1]
+    # ... planned in the step that hands it out where the codec decodes in the step (the CPU)
+    assert row["first_chunk_planned_steps_p50"] == row["streamed_steps_to_audio_p50"]
+    assert row["first_chunk_planned_steps_p95"] == row["streamed_steps_to_audio_p95"]
+    assert 0 <= row["first_chunk_decode_ms_p50"] <= row["streamed_ttfa_p50_ms"]
     # the steps' time split lies within the run: every step starts after the first arrival and
     # ends before the last audio
     saturated = result["saturation"]

@@ -250,6 +250,11 @@ def test_streamer_decoding_on_the_codec_thread_hands_out_the_same_audio_in_order
         assert parts[id][-1].last
         np.testing.assert_allclose(np.concatenate([c.audio for c in parts[id]]), ref, rtol=0, atol=TOLERANCE)
     assert speech.engine.scheduler_requests() == 0
+    # each streamed job's wait for first audio, split at the step its first chunk went to the codec
+    assert len(streamer.first_audio) == 2
+    for wait in streamer.first_audio:
+        assert wait["steps_to_plan"] >= 2 + speech.codec.decode_context[1] and wait["steps_to_hand_out"] >= 0
+        assert wait["decode_wait_s"] > 0
 
 
 def assert_stream_equals_run(speech, make_jobs, rtol_of_peak: float | None = None) -> float:

@@ -90,7 +90,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     for job_id, row in seen.items():
         row["audio_s"] = samples.get(job_id, 0) / speech.sample_rate
     split = {f"{part}_s": round(t, 3) for part, t in streamer.seconds.items()}
-    return seen, {"steps": streamer.steps, **split}
+    return seen, {"steps": streamer.steps, **split, "first_audio": streamer.first_audio}
 
 
 def summarize(driven: tuple[dict, dict]) -> dict:
@@ -99,6 +99,8 @@ def summarize(driven: tuple[dict, dict]) -> dict:
     ``streamed_steps_to_audio_*`` the engine steps they waited (TTFA is that many steps at the
     load's step time: too many steps and too slow steps need different cures)."""
     rows, split = driven
+    split = dict(split)
+    waits = split.pop("first_audio")
     first = [r["first"] - r["arrival"] for r in rows.values()]
     streamed = [r["first"] - r["arrival"] for r in rows.values() if r["stream"]]
     steps = [r["first_step"] - r["submitted_step"] for r in rows.values() if r["stream"]]
@@ -112,6 +114,11 @@ def summarize(driven: tuple[dict, dict]) -> dict:
             "ttfa_p50_ms": ms(first, 50), "ttfa_p95_ms": ms(first, 95),
             "streamed_ttfa_p50_ms": ms(streamed, 50), "streamed_ttfa_p95_ms": ms(streamed, 95),
             "streamed_steps_to_audio_p50": pct(steps, 50), "streamed_steps_to_audio_p95": pct(steps, 95),
+            # of those: the steps until the first chunk went to the codec, then the wait for it
+            "first_chunk_planned_steps_p50": pct([w["steps_to_plan"] for w in waits], 50),
+            "first_chunk_planned_steps_p95": pct([w["steps_to_plan"] for w in waits], 95),
+            "first_chunk_decode_ms_p50": ms([w["decode_wait_s"] for w in waits], 50),
+            "first_chunk_decode_ms_p95": ms([w["decode_wait_s"] for w in waits], 95),
             "e2e_p50_ms": ms(last, 50), "e2e_p95_ms": ms(last, 95), **split}
 
 
@@ -172,7 +179,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         row = {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
         log(f"load {fraction:.2f}: {row['audio_s_per_s']} audio-s/s, TTFA p50/p95 {row['ttfa_p50_ms']}/{row['ttfa_p95_ms']} ms "
             f"(streamed {row['streamed_ttfa_p50_ms']}/{row['streamed_ttfa_p95_ms']} ms, "
-            f"{row['streamed_steps_to_audio_p50']}/{row['streamed_steps_to_audio_p95']} steps), "
+            f"{row['streamed_steps_to_audio_p50']}/{row['streamed_steps_to_audio_p95']} steps; first chunk planned after "
+            f"{row['first_chunk_planned_steps_p50']}/{row['first_chunk_planned_steps_p95']} steps, decoded in "
+            f"{row['first_chunk_decode_ms_p50']}/{row['first_chunk_decode_ms_p95']} ms), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
             f"codec {row['codec_s']} s, host {row['host_s']} s")
         rows.append(row)

@@ -57,6 +57,8 @@ class _Live:
     open_segment: int | None = None  # the segment being decoded (decoder key (id, segment))
     stream: bool = True  # False: one-shot, its audio decoded whole when it finishes
     dropped: bool = False  # cancelled or failed: audio still being decoded for it is dropped
+    submitted_step: int = 0  # the streamer's step count when it was submitted
+    first_planned: tuple[int, float] | None = None  # (step, time) its first chunk went to the codec
 
 
 @dataclass(eq=False)
@@ -93,6 +95,10 @@ class SpeechStreamer:
         # in the engine, handing out their audio), and the rest (each request's tokens to its reader)
         self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
         self.steps = 0
+        # per streamed request, where its wait for first audio went: steps until its first chunk
+        # was planned (the engine's part), then steps and seconds until it was handed out (the
+        # codec's part: 0 steps where the decode runs in the step)
+        self.first_audio: list[dict] = []
 
     @property
     def sample_rate(self) -> int:
@@ -126,7 +132,8 @@ class SpeechStreamer:
         """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
-        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream)
+        live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream,
+                     submitted_step=self.steps)
         self._live[id] = live
         self.engine.submit(dataclasses.replace(request, stream=stream, tag=live))
 
@@ -207,6 +214,10 @@ class SpeechStreamer:
         closing = finished + [live for live, _ in whole]
         for live in closing:  # out of the engine; closed once its audio is handed out
             self._closing[live.id] = self._live.pop(live.id)
+        for plan in plans:
+            live = self._live.get(plan.key[0]) or self._closing.get(plan.key[0])
+            if plan.codes is not None and live is not None and live.first_planned is None:
+                live.first_planned = (self.steps, time.perf_counter())
         if plans or closing:
             self._in_flight.append(_Decoding(
                 plans, {p.key: self._closing.get(p.key[0]) or self._live.get(p.key[0]) for p in plans},
@@ -231,6 +242,11 @@ class SpeechStreamer:
             for chunk in self.decoder.cut(step.plans, waves[: step.windows]):
                 live = step.lives[chunk.key]
                 if live is not None and not live.dropped and len(chunk.audio):
+                    if live.samples == 0 and live.first_planned is not None:
+                        planned, at = live.first_planned
+                        self.first_audio.append({"steps_to_plan": planned - live.submitted_step + 1,
+                                                 "steps_to_hand_out": self.steps - planned,
+                                                 "decode_wait_s": time.perf_counter() - at})
                     events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
                     live.samples += len(chunk.audio)
             for live, wave in zip(step.whole, waves[step.windows :]):
