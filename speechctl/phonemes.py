@@ -26,10 +26,16 @@ _CLAUSE_ENDS = ",.?!:;"
 _SYNCHRONOUS = 0x0001  # ENOUTPUT_MODE_SYNCHRONOUS: no audio device
 
 
-def phonemes_with(lib, text: str) -> str:
-    """The phonemes of ``text`` by ``lib`` (libespeak-ng, initialized, its voice set)."""
+def load_library() -> ctypes.CDLL:
+    """libespeak-ng (Debian's ``libespeak-ng1``), its phoneme call declared (once per load)."""
+    lib = ctypes.CDLL("libespeak-ng.so.1")
     lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
     lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def phonemes_with(lib, text: str) -> str:
+    """The phonemes of ``text`` by ``lib`` (``load_library``'s, initialized, its voice set)."""
     data = text.encode()
     buffer = ctypes.create_string_buffer(data)
     base = ctypes.addressof(buffer)
@@ -69,7 +75,7 @@ def phonemize(text: str, voice: str = "en-us") -> str:
     with _LOCK:
         if not _LIBRARY:
             try:
-                lib = ctypes.CDLL("libespeak-ng.so.1")
+                lib = load_library()
             except OSError as e:
                 raise ModelError("this voice reads espeak-ng's phonemes: install espeak-ng "
                                  "(Debian/Ubuntu: apt-get install espeak-ng)") from e

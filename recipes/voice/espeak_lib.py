@@ -30,7 +30,7 @@ import subprocess
 import sys
 import warnings
 
-from speechctl.phonemes import phonemes_with
+from speechctl.phonemes import load_library, phonemes_with
 
 _EVENT_WORD, _EVENT_END_OF_LIST = 1, 0
 _SYNCHRONOUS = 0x0001  # ENOUTPUT_MODE_SYNCHRONOUS
@@ -96,7 +96,7 @@ class Synthesizer:
 
 
 def _serve(voice: str, words_per_minute: int, pitch: int, data: str | None) -> None:
-    lib = ctypes.CDLL("libespeak-ng.so.1")
+    lib = load_library()
     samples, words = [], []
     callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
                                      ctypes.POINTER(_Event))
