@@ -6,6 +6,7 @@ an LM overfitted to one utterance must say exactly that utterance through speech
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -862,6 +863,25 @@ def lm_parts(tmp_path_factory):
     codec_model = fake_codec_model(tmp / "codec-model", recipe)
     model_dir = run_export(tmp / "lm", codec_model, tmp / "model")
     return trainer, model_dir
+
+
+def test_compare_reading_trains_the_same_lm_on_letters_and_on_phonemes(tmp_path):
+    """``compare-reading``: one set of speech and codes, two LMs from the same seed, one reading
+    the text's bytes and one its phonemes; the JSON holds both curves and what they trained on."""
+    from recipes.voice.compare_reading import compare
+
+    codec_model = fake_codec_model(tmp_path / "codec-model", tiny_recipe())
+    lines = []
+    record = compare(codec_model, tmp_path / "work", tmp_path / "out", hours=0.01, steps=2, batch_tokens=2048,
+                     threads=1, command="test", log=lines.append)
+    assert json.loads((tmp_path / "out" / "compare-reading.json").read_text()) == json.loads(json.dumps(record))
+    text, phonemes = record["runs"]["text"], record["runs"]["phonemes"]
+    assert text["train_utterances"] == phonemes["train_utterances"] > 0
+    for run in (text, phonemes):
+        assert run["heldout"][-1]["step"] == 2 and math.isfinite(run["heldout"][-1]["heldout_loss"])
+    assert text["heldout"] != phonemes["heldout"]  # the same codes, read from other text
+    assert record["recipe"]["lm_train"]["text_input"] == "phonemes" and record["lm"]["hidden_size"] == 128
+    assert "| 2 |" in lines[-1]  # the table's last row
 
 
 def test_attention_dropout_acts_in_training_only(tmp_path):
