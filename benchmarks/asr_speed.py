@@ -153,13 +153,10 @@ class Speechctl:
         return [results[str(i)].text or "" for i in range(len(audio))], seconds
 
     def _counters(self) -> dict:
-        asr, decoding, render = self.asr.stats, self.asr.decoding.stats, self.asr._prerender
-        return {"steps": asr["steps"], "step_s": asr["step_s"], "admitting_steps": asr["admitting_steps"],
-                "admitting_step_s": asr["admitting_step_s"],
-                "restarts": asr["restarts"], "apply_s": decoding["apply_s"], "beam_steps": decoding["beam_steps"],
-                "beam_s": decoding["beam_s"], "kv_copies": decoding["kv_copies"], "broken_groups": decoding["broken_groups"],
-                "render_wait_s": render.waited_s, "rendered_ahead": render.rendered_ahead,
-                "rendered_inline": render.rendered_inline}
+        counters = self.asr.counters()
+        return {k: counters[k] for k in ("steps", "step_s", "admitting_steps", "admitting_step_s", "restarts", "apply_s",
+                                         "beam_steps", "beam_s", "kv_copies", "broken_groups", "render_wait_s",
+                                         "rendered_ahead", "rendered_inline")}
 
     def close(self):
         self.asr.close()

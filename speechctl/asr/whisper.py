@@ -194,6 +194,14 @@ class WhisperAsr:
         self._prerender = Prerender(self._render, depth=self.config.max_num_seqs)
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
+    def counters(self) -> dict:
+        """Where the time went so far, for benchmarks: this driver's steps (``stats``), the
+        decoding's logits processor and beams (its ``stats``) and the window renderer's work."""
+        render = self._prerender
+        decoding = {f"decoding_{k}" if k in self.stats else k: v for k, v in self.decoding.stats.items()}  # its own steps
+        return {**self.stats, **decoding, "render_wait_s": render.waited_s,
+                "rendered_ahead": render.rendered_ahead, "rendered_inline": render.rendered_inline}
+
     # -- one-shot -------------------------------------------------------------------------------
 
     def asr(self, audio: np.ndarray, **options):
