@@ -515,6 +515,26 @@ def test_the_lm_takes_the_machines_own_codec_before_a_carried_pack(tmp_path):
         stages._codec_for_lm(tmp_path / "nothing", tmp_path / "fresh")
 
 
+def test_a_letter_lm_resumed_on_a_fresh_machine_reads_phonemes_from_there(tmp_path):
+    """The next issue-20 call: the kept letter LM's pack carried to a fresh machine and resumed
+    with ``lm_train.text_input=phonemes``: its weights go on (steps counted from its own), its
+    data is made again with phonemes, and the record and the export say phonemes."""
+    from recipes.voice import stages
+
+    recipe = tiny_recipe()
+    codec_model = fake_codec_model(tmp_path / "codec-model", recipe)
+    stages.run_lm(recipe, tmp_path / "machine1", tmp_path / "out1", 5, codec_model, max_steps=2)
+    letters = checkpoint.read_record(tmp_path / "machine1" / "lm")
+    assert letters["recipe"]["lm_train"]["text_input"] == "text" and letters["step"] == 2
+    ckpt = stages.run_lm(recipe, tmp_path / "machine2", tmp_path / "out2", 5, codec_model, resume=tmp_path / "out1",
+                         max_steps=2, sets=["lm_train.text_input=phonemes", "data.seed=4"])
+    record = checkpoint.read_record(ckpt)
+    assert record["step"] == 4 and [r["steps"] for r in record["runs"]] == [[0, 2], [2, 4]]
+    assert record["recipe"]["lm_train"]["text_input"] == "phonemes" and record["recipe"]["data"]["seed"] == 4
+    model = stages.run_export(ckpt, codec_model, tmp_path / "model")
+    assert json.loads((model / "config.json").read_text())["speechctl"]["text_input"] == "phonemes"
+
+
 def test_a_term_signal_ends_training_with_its_checkpoint_packed(tmp_path):
     """A device call's time limit (SIGTERM) ends training at the next step, the watch's periodic
     checkpoint on the machine comes with its pack in out, and the process's own SIGTERM handler
