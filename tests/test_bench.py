@@ -166,6 +166,7 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     assert row["first_chunk_planned_steps_p50"] == row["streamed_steps_to_audio_p50"]
     assert row["first_chunk_planned_steps_p95"] == row["streamed_steps_to_audio_p95"]
     assert 0 <= row["first_chunk_decode_ms_p50"] <= row["streamed_ttfa_p50_ms"]
+    assert 0 < row["codec_busy_s"] <= row["codec_s"]  # the CPU decodes in the step
     # the steps' time split lies within the run: every step starts after the first arrival and
     # ends before the last audio
     saturated = result["saturation"]

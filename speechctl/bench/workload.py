@@ -90,7 +90,8 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     for job_id, row in seen.items():
         row["audio_s"] = samples.get(job_id, 0) / speech.sample_rate
     split = {f"{part}_s": round(t, 3) for part, t in streamer.seconds.items()}
-    return seen, {"steps": streamer.steps, **split, "first_audio": streamer.first_audio}
+    return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
+                  "first_audio": streamer.first_audio}
 
 
 def summarize(driven: tuple[dict, dict]) -> dict:
@@ -145,7 +146,8 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     saturated = summarize(drive(speech, jobs, [0.0] * len(jobs)))
     saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
     log(f"saturation: {saturated['audio_s_per_s']} audio-s/s ({saturated_rate:.2f} requests/s); {saturated['steps']} steps: "
-        f"engine {saturated['engine_s']} s, codec {saturated['codec_s']} s, host {saturated['host_s']} s")
+        f"engine {saturated['engine_s']} s, codec {saturated['codec_s']} s, host {saturated['host_s']} s; "
+        f"the codec decoded {saturated['codec_busy_s']} s")
     same = summarize(drive(speech, uniform(jobs), [0.0] * len(jobs)))
     log(f"saturation with uniform settings: {same['audio_s_per_s']} audio-s/s; varied / uniform "
         f"{saturated['audio_s_per_s'] / same['audio_s_per_s']:.3f}")
@@ -183,7 +185,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
             f"{row['first_chunk_planned_steps_p50']}/{row['first_chunk_planned_steps_p95']} steps, decoded in "
             f"{row['first_chunk_decode_ms_p50']}/{row['first_chunk_decode_ms_p95']} ms), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
-            f"codec {row['codec_s']} s, host {row['host_s']} s")
+            f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s")
         rows.append(row)
         counted()
     return result

@@ -16,6 +16,7 @@ stage of ~0.6 s that way: docs/families.md, AR+NAR benchmark).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,10 @@ class DecodeQueue:
         self._pending: deque[tuple[list, Future]] = deque()
         self._waiting: list[tuple[list[np.ndarray], Future]] = []  # submitted, not yet taken by the worker
         self._lock = threading.Lock()
+        # seconds the codec spent decoding (on the worker thread, or in the caller's on the CPU)
+        # and its calls: a worker that runs behind shows here, not in the caller's step time
+        self.busy_s = 0.0
+        self.calls = 0
 
     def submit(self, tags: list, codes: list[np.ndarray]) -> None:
         """Decode ``codes`` ([K, T] each), with whatever else is waiting; ``tags`` come back with
@@ -48,7 +53,7 @@ class DecodeQueue:
         if not codes:
             future.set_result([])
         elif self._pool is None:
-            future.set_result(self.codec.decode(codes))
+            future.set_result(self._timed_decode(codes))
         else:
             with self._lock:
                 self._waiting.append((codes, future))
@@ -63,7 +68,7 @@ class DecodeQueue:
         if not batches:
             return
         try:
-            waves = self.codec.decode([item for codes, _ in batches for item in codes])
+            waves = self._timed_decode([item for codes, _ in batches for item in codes])
         except BaseException as error:  # each caller sees it where it reads its batch
             for _, future in batches:
                 future.set_exception(error)
@@ -72,6 +77,14 @@ class DecodeQueue:
         for codes, future in batches:
             future.set_result(waves[start : start + len(codes)])
             start += len(codes)
+
+    def _timed_decode(self, codes: list[np.ndarray]) -> list[np.ndarray]:
+        started = time.perf_counter()
+        try:
+            return self.codec.decode(codes)
+        finally:
+            self.busy_s += time.perf_counter() - started
+            self.calls += 1
 
     def ready(self, wait: bool = False) -> Iterator[tuple[object, np.ndarray]]:
         """(tag, waveform) of the batches decoded so far, in submission order (all of them,

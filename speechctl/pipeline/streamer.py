@@ -101,6 +101,12 @@ class SpeechStreamer:
         self.first_audio: list[dict] = []
 
     @property
+    def codec_busy_s(self) -> float:
+        """Seconds the codec spent decoding this streamer's audio (on its worker thread on CUDA:
+        time the steps did not wait for, unless the audio came late)."""
+        return self._decodes.busy_s
+
+    @property
     def sample_rate(self) -> int:
         return self.speech.sample_rate
 
