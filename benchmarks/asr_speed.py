@@ -15,7 +15,8 @@ warm-up at the same batch size (CUDA graphs, kernel autotuning). Decoding settin
 * speechctl: temperature 0 only, no context, no timestamps, OpenAI's no-speech check off
   (OpenAI's beam search: length normalisation, patience 1);
 * speechctl-gpu-mel (GPU only, when asked for): the same, its log-mel features computed on the GPU
-  (``WhisperConfig.feature_device="cuda"``: the feature extractor's ``device``);
+  (``WhisperConfig.feature_device="cuda"``: the feature extractor's ``device``); both speechctl
+  systems run each row at every ``--admit-share`` (grouped admission, ``admit_share`` in the row);
 * transformers: ``generate(num_beams=1|5, max_new_tokens=224)``, the checkpoint's generation
   config (its beam search: length_penalty 1.0 over the generated length, early_stopping False);
 * CTranslate2: ``Whisper.generate(beam_size=1|5)`` on transformers' log-mel features, Whisper's
@@ -57,6 +58,9 @@ def parse(argv):
     p.add_argument("--systems", default="speechctl,transformers,ctranslate2",
                    help=f"of {', '.join(SYSTEMS)}; skipped when not installed (speechctl-gpu-mel: without a GPU)")
     p.add_argument("--dtype", default="auto", help="auto: float16 on CUDA, float32 on CPU")
+    p.add_argument("--admit-share", default="0",
+                   help="speechctl's grouped admission (WhisperConfig.admit_share), comma-separated: each speechctl "
+                        "row runs at each, in the same engine (0: a window joins as soon as a lane is free)")
     p.add_argument("--max-tokens", type=int, default=224)
     p.add_argument("--profile", default="",
                    help="systems (comma-separated) whose rows, after their timed run, run once more under cProfile "
@@ -68,6 +72,9 @@ def parse(argv):
     args.modes = [m for m in str(args.modes).split(",") if m]
     args.systems = [s for s in str(args.systems).split(",") if s]
     args.profile = [s for s in str(args.profile).split(",") if s]
+    args.admit_share = [float(x) for x in str(args.admit_share).split(",") if x]
+    if not args.admit_share or any(not 0 <= x <= 1 for x in args.admit_share):
+        p.error(f"--admit-share: shares of the lanes in [0, 1], got {args.admit_share}")
     bad = [m for m in args.modes if m not in MODES] + [s for s in args.systems + args.profile if s not in SYSTEMS]
     if bad:
         p.error(f"unknown mode/system {bad}")
@@ -78,7 +85,8 @@ def command(args) -> str:
     """The exact command, every option spelled out (defaults too)."""
     parts = ["python", "benchmarks/asr_speed.py", "--model", str(args.model), "--batch", ",".join(map(str, args.batch)),
              "--files", str(args.files), "--modes", ",".join(args.modes), "--systems", ",".join(args.systems),
-             "--dtype", args.dtype, "--max-tokens", str(args.max_tokens), "--out", args.out]
+             "--dtype", args.dtype, "--admit-share", ",".join(f"{x:g}" for x in args.admit_share),
+             "--max-tokens", str(args.max_tokens), "--out", args.out]
     if args.profile:
         parts += ["--profile", ",".join(args.profile)]
     if args.plot:
@@ -134,7 +142,7 @@ class Speechctl:
                                                         feature_device=self.feature_device))
         self.max_tokens = args.max_tokens
 
-    def run(self, audio, mode, batch):
+    def run(self, audio, mode, batch, admit_share=None):
         from speechctl.api import AsrJob
         from speechctl.asr import PLAIN_GREEDY
 
@@ -143,7 +151,7 @@ class Speechctl:
         self.asr.encoder.cache.clear()  # every measurement encodes its windows (no outputs kept from the last)
         before = self._counters()
         t = time.perf_counter()
-        results = {r.id: r for r in self.asr.run(jobs, max_lanes=batch * MODES[mode])}
+        results = {r.id: r for r in self.asr.run(jobs, max_lanes=batch * MODES[mode], admit_share=admit_share)}
         seconds = time.perf_counter() - t
         # where the time went: the engine's steps (our logits processor's host time inside them),
         # the beams, the main thread's wait for rendered windows; the rest is the driver's own
@@ -291,9 +299,12 @@ def plot(record: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = [r for r in record["results"] if r.get("audio_s_per_s")]
-    for system in dict.fromkeys(r["system"] for r in rows):
+    def label(r):  # speechctl rows at several admission shares are lines of their own
+        return r["system"] + (f" admit {r['admit_share']:g}" if r.get("admit_share") else "")
+
+    for system in dict.fromkeys(label(r) for r in rows):
         for mode in dict.fromkeys(r["mode"] for r in rows):
-            line = sorted((r for r in rows if r["system"] == system and r["mode"] == mode), key=lambda r: r["batch"])
+            line = sorted((r for r in rows if label(r) == system and r["mode"] == mode), key=lambda r: r["batch"])
             if not line:
                 continue
             wer_text = "/".join(f"{r['wer']:g}" for r in line)
@@ -332,18 +343,23 @@ def main(argv=None) -> dict:
             record["results"].append({"system": cls.name, "skipped": str(e).splitlines()[0]})
             print(f"{cls.name}: skipped ({str(e).splitlines()[0]})", flush=True)
             continue
+        shares = args.admit_share if isinstance(system, Speechctl) else [None]
         for mode in args.modes:
             for batch in args.batch:
-                system.run(warm_audio[:batch], mode, batch)  # warm-up, untimed
-                texts, seconds = system.run(audio, mode, batch)
-                row = {"system": cls.name, "mode": mode, "batch": batch, "files": len(audio), "wall_s": round(seconds, 3),
-                       "audio_s_per_s": round(record["audio_s"] / seconds, 1), "wer": wer(sentences, texts), "startup_s": startup,
-                       **getattr(system, "detail", {})}
-                if cls.name in args.profile:
-                    row["profile"] = profiled(lambda: system.run(audio, mode, batch))
-                record["results"].append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
-                out.write_text(json.dumps(record, indent=1) + "\n")  # a timeout keeps what ran
+                for share in shares:
+                    run = (lambda a: system.run(a, mode, batch, share)) if share is not None else (lambda a: system.run(a, mode, batch))
+                    run(warm_audio[:batch])  # warm-up, untimed
+                    texts, seconds = run(audio)
+                    row = {"system": cls.name, "mode": mode, "batch": batch, "files": len(audio), "wall_s": round(seconds, 3),
+                           "audio_s_per_s": round(record["audio_s"] / seconds, 1), "wer": wer(sentences, texts),
+                           "startup_s": startup, **getattr(system, "detail", {})}
+                    if share is not None:
+                        row["admit_share"] = share
+                    if cls.name in args.profile:
+                        row["profile"] = profiled(lambda: run(audio))
+                    record["results"].append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+                    out.write_text(json.dumps(record, indent=1) + "\n")  # a timeout keeps what ran
         system.close()
     out.write_text(json.dumps(record, indent=1) + "\n")
     if args.plot:

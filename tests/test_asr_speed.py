@@ -15,7 +15,8 @@ pytestmark = pytest.mark.engine
 
 def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     out, png = tmp_path / "speed.json", tmp_path / "speed.png"
-    args = ["--batch", "1,2", "--files", "4", "--max-tokens", "40", "--profile", "speechctl", "--out", str(out), "--plot", str(png)]
+    args = ["--batch", "1,2", "--files", "4", "--max-tokens", "40", "--profile", "speechctl", "--admit-share", "0,0.5",
+            "--out", str(out), "--plot", str(png)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # this checkout's speechctl
     done = subprocess.run([sys.executable, "benchmarks/asr_speed.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -23,7 +24,10 @@ def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     rows = [r for r in record["results"] if "skipped" not in r]
     systems = {r["system"] for r in rows}
     assert {"speechctl", "transformers"} <= systems
-    assert len(rows) == 4 * len(systems)  # greedy and beam 5 at batch 1 and 2
+    # greedy and beam 5 at batch 1 and 2; speechctl's at both admission shares
+    assert len(rows) == 4 * (len(systems) + 1)
+    assert sorted(r["admit_share"] for r in rows if r["system"] == "speechctl") == [0.0] * 4 + [0.5] * 4
+    assert all("admit_share" not in r for r in rows if r["system"] != "speechctl")
     for r in rows:
         assert r["files"] == 4 and r["wall_s"] > 0 and r["audio_s_per_s"] > 0 and 0 <= r["wer"] < 70, r
     for r in rows:  # speechctl says where its time went: steps, our logits processor, beams
@@ -37,7 +41,9 @@ def test_the_speed_bench_runs_and_records_its_command(tmp_path):
         assert profile["wall_s"] > 0 and len(profile["own"]) == 30
         assert any("engine.py" in f and "(step)" in f for f, _, _ in profile["cumulative"]), profile["cumulative"]
         assert any(f.startswith("asr/decoder.py") and "(apply)" in f for f, _, _ in profile["speechctl"]), profile["speechctl"]
-    same = {(r["mode"], r["system"]): r["wer"] for r in rows if r["batch"] == 1}
+    same = {(r["mode"], r["system"]): r["wer"] for r in rows if r["batch"] == 1 and not r.get("admit_share")}
+    grouped = {(r["mode"], r["batch"]): r["wer"] for r in rows if r.get("admit_share")}
+    assert grouped == {(r["mode"], r["batch"]): r["wer"] for r in rows if r["system"] == "speechctl" and not r["admit_share"]}
     assert same[("greedy", "speechctl")] == same[("greedy", "transformers")]  # the same greedy tokens
     assert png.stat().st_size > 10_000
     sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -391,3 +391,20 @@ def test_windows_are_named_for_rendering_ahead_only_when_the_line_changes(asr, c
     monkeypatch.undo()
     again = {r.id: r for r in asr.run(AsrJob(id=n, audio=clips[n], whisper=GREEDY) for n in names)}
     assert {n: results[n].text for n in names} == {n: again[n].text for n in names}
+
+
+def test_grouped_admission_starts_windows_together_with_the_same_results(asr, clips, ours):
+    """With ``admit_share`` new windows wait (a few steps at most) until that share of the lanes
+    is free: fewer steps admit lanes, and every window's tokens stay greedy's."""
+    names = SPEECH[:12]
+    counted = {}
+    for share in (0.0, 0.5):
+        before = dict(asr.stats)
+        results = {r.id: r for r in asr.run((AsrJob(id=n, audio=clips[n], whisper=GREEDY) for n in names),
+                                            max_lanes=6, admit_share=share)}
+        assert {n: results[n].text for n in names} == {n: ours[n].text for n in names}
+        counted[share] = (asr.stats["admitting_steps"] - before["admitting_steps"], asr.stats["steps"] - before["steps"])
+    (grouped, _), (at_once, _) = counted[0.5], counted[0.0]
+    assert grouped < at_once, counted
+    with pytest.raises(ValueError, match="admit_share"):
+        next(asr.run([AsrJob(id="x", audio=clips["01"])], admit_share=1.5))
