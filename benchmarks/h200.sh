@@ -14,6 +14,7 @@
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh stream       # time to first audio
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh asr          # Whisper tiny.en: tokens, WER, files/s
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh asr-speed    # issue 23's table: speechctl vs transformers, greedy and beam 5
+#     (ASR_ADMIT=0,0.5: speechctl's rows at each grouped-admission share, in one engine)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh turn         # TTFA + chat turn (Whisper, LM, TTS)
 #   source .gpu/unpack.sh && bash benchmarks/h200.sh split        # decode step: wall vs GPU time, plain vs ours
 #     (SPLIT_ARGS="--max-num-batched-tokens 2048": the token budget speechctl had before offline_engine;
@@ -115,7 +116,7 @@ for stage in "$@"; do
     asr-speed)  # issue 23's speed table: speechctl against transformers (and CTranslate2 where it is installed)
       timeout "${ASR_TIMEOUT:-540}" python3 benchmarks/asr_speed.py --model whisper-tiny.en --batch "${ASR_BATCH:-1,16,64}" \
         --files "${ASR_FILES:-128}" --modes greedy,beam5 --systems transformers,speechctl,speechctl-gpu-mel,ctranslate2 --dtype auto \
-        --max-tokens 224 --profile "${ASR_PROFILE-speechctl}" --out "$OUT/asr-speed-h200.json" --plot "$OUT/asr-speed-h200.png" \
+        --admit-share "${ASR_ADMIT:-0}" --max-tokens 224 --profile "${ASR_PROFILE-speechctl}" --out "$OUT/asr-speed-h200.json" --plot "$OUT/asr-speed-h200.png" \
         > "$OUT/asr-speed.log" 2>&1
       grep -vE "WARNING|INFO" "$OUT/asr-speed.log" | tail -30
       ;;
