@@ -334,3 +334,31 @@ def test_bench_shapes_are_built_once_at_a_stable_path(tmp_path, monkeypatch):
     assert first.is_relative_to(tmp_path) and (first / "config.json").exists()
     other = shape_checkpoint("higgs-3b", _counting_writer)
     assert other != first and len(_counting_writer.calls) == 2
+
+
+def test_dualffn_kernels_bench_times_the_mlp_variants_it_can_run(tmp_path):
+    """benchmarks/dualffn_kernels.py at a tiny shape on the CPU: the dense rows at every size,
+    each against one MLP's time; the fused rows say why they did not run; the command recorded
+    parses back to the same options."""
+    import json
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import dualffn_kernels
+
+    args = ["--device", "cpu", "--hidden", "32", "--intermediate", "64", "--tokens", "1,4", "--iters", "2",
+            "--repeats", "1", "--out", str(tmp_path / "k.json")]
+    record = dualffn_kernels.main(args)
+    assert json.loads((tmp_path / "k.json").read_text()) == record
+    rows = {(r["variant"], r["tokens"]): r for r in record["rows"]}
+    assert set(rows) == {(v, m) for v in ("one_mlp", "both_mlps") for m in (1, 4)}
+    assert all(rows[("one_mlp", m)]["vs_one_mlp"] == 1.0 for m in (1, 4))
+    assert all(r["us_per_call"] > 0 for r in rows.values())
+    assert set(record["skipped"]) == {"fused_audio", "fused_mixed"}
+    recorded = record["command"].split()
+    assert vars(dualffn_kernels.parse(recorded[2:])) == vars(dualffn_kernels.parse(args))
+    x, w13, w2 = torch.randn(3, 32), torch.randn(2, 128, 32), torch.randn(2, 32, 64)  # the MLP itself
+    gate, up = (x @ w13[1].T).chunk(2, dim=-1)
+    assert torch.allclose(dualffn_kernels.mlp(x, w13[1], w2[1]), (torch.nn.functional.silu(gate) * up) @ w2[1].T, atol=1e-5)

@@ -1,0 +1,157 @@
+"""Higgs Audio v2's DualFFN, the MLP kernels alone: what one layer's MLP costs per call at M tokens.
+
+    python benchmarks/dualffn_kernels.py --tokens 1,16,64,256,1024 --out dualffn-kernels.json
+
+Issue 21, item 2: with vLLM's fused MoE kernel the real Higgs 3B ran 296.7 frames/s at c = 1
+(+25 % on both MLPs) but no better at c = 64, against a generic backbone of its size at 1.0 /
+1.3-1.5x. This times, on Higgs 3B's shape (hidden 3072, intermediate 8192, bfloat16) and as the
+decode step runs them (each captured in a CUDA graph and replayed), per call:
+
+* ``one_mlp``: one dense SiLU MLP (gate/up GEMM, SiLU x up, down GEMM), the floor: every token of
+  a decode step is audio and needs the audio MLP alone;
+* ``both_mlps``: both dense MLPs and ``where`` (the DualFFN without vLLM's MoE kernels);
+* ``fused_audio``: vLLM's fused MoE kernel, two experts, top-1, every token routed to the audio
+  expert (a decode step, ``DualMLP``);
+* ``fused_mixed``: the same with half the tokens text (a prefill's mix).
+
+Each row gives microseconds per call and its ratio to ``one_mlp`` at the same M; the fused rows
+also the largest difference from the dense audio MLP's output (the same weights). The fused rows
+need CUDA and vLLM's MoE kernels; elsewhere they are recorded as skipped (the CPU runs the dense
+rows at any shape, for the test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", default="1,16,64,256,1024", help="tokens per call, comma-separated")
+    p.add_argument("--hidden", type=int, default=3072)
+    p.add_argument("--intermediate", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=200, help="calls per timing (graph replays)")
+    p.add_argument("--repeats", type=int, default=5, help="timings per row (the median is reported)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    args.tokens = [int(t) for t in str(args.tokens).split(",") if t]
+    return args
+
+
+def command(args) -> str:
+    return " ".join(["python", "benchmarks/dualffn_kernels.py", "--tokens", ",".join(map(str, args.tokens)),
+                     "--hidden", str(args.hidden), "--intermediate", str(args.intermediate), "--iters", str(args.iters),
+                     "--repeats", str(args.repeats), "--device", args.device, "--out", args.out])
+
+
+def mlp(x, w13, w2):
+    """One SiLU MLP: ``w13`` [2I, H] (gate; up), ``w2`` [H, I]."""
+    gate, up = F.linear(x, w13).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w2)
+
+
+def fused_missing(device: torch.device) -> str | None:
+    """Why vLLM's fused MoE kernel cannot run here (None: it can)."""
+    if device.type != "cuda":
+        return "vLLM's fused MoE kernel runs on CUDA only"
+    try:
+        from speechctl.engine import vllm_compat
+
+        if not vllm_compat.grouped_mlp_available():
+            return "vLLM's MoE kernel library is not installed (benchmarks/gpu_moe.sh)"
+    except ImportError as e:
+        return f"vLLM is not importable: {e}"
+    return None
+
+
+def variants(w13, w2, is_audio) -> dict:
+    """name -> the call on ``x`` [M, H], or why it cannot run here."""
+    out = {"one_mlp": lambda x: mlp(x, w13[1], w2[1]),
+           "both_mlps": lambda x: torch.where(is_audio, mlp(x, w13[1], w2[1]), mlp(x, w13[0], w2[0]))}
+    missing = fused_missing(w13.device)
+    if missing is not None:
+        return {**out, "fused_audio": missing, "fused_mixed": missing}
+    from speechctl.engine import vllm_compat
+
+    audio_ids, mixed_ids = torch.ones_like(is_audio, dtype=torch.int32), is_audio.to(torch.int32)
+    return {**out, "fused_audio": lambda x: vllm_compat.grouped_mlp(x, w13, w2, audio_ids),
+            "fused_mixed": lambda x: vllm_compat.grouped_mlp(x, w13, w2, mixed_ids)}
+
+
+def timed(call, x, iters: int, repeats: int) -> float:
+    """Microseconds per call: on CUDA replays of a graph of ``iters`` calls, on the CPU a loop."""
+    if x.device.type != "cuda":
+        call(x)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(iters):
+                call(x)
+            times.append((time.perf_counter() - t) / iters)
+        return 1e6 * statistics.median(times)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the capture (kernel autotuning, JIT)
+        for _ in range(3):
+            call(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            call(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / iters)
+    return statistics.median(times)
+
+
+def main(argv=None) -> dict:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    H, I = args.hidden, args.intermediate
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w13 = (torch.randn(2, 2 * I, H, generator=g) * H**-0.5).to(device, dtype)
+    w2 = (torch.randn(2, H, I, generator=g) * I**-0.5).to(device, dtype)
+    record = {"command": command(args), "shape": {"hidden": H, "intermediate": I, "dtype": str(dtype).split(".")[-1]},
+              "environment": {"torch": torch.__version__, "device": torch.cuda.get_device_name(device)
+                              if device.type == "cuda" else "cpu"}, "rows": [], "skipped": {}}
+    for M in args.tokens:
+        x = torch.randn(M, H, generator=g).to(device, dtype)
+        is_audio = (torch.arange(M) % 2 == 0)[:, None].to(device)
+        reference = mlp(x, w13[1], w2[1]).float()
+        floor = None
+        with torch.no_grad():
+            for name, call in variants(w13, w2, is_audio).items():
+                if isinstance(call, str):
+                    record["skipped"][name] = call
+                    continue
+                us = timed(call, x, args.iters, args.repeats)
+                floor = us if name == "one_mlp" else floor
+                row = {"variant": name, "tokens": M, "us_per_call": round(us, 2), "vs_one_mlp": round(us / floor, 3)}
+                if name == "fused_audio":  # the same weights and tokens as one_mlp's
+                    row["max_abs_diff"] = float((call(x).float() - reference).abs().max())
+                record["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+if __name__ == "__main__":
+    main()
