@@ -347,16 +347,16 @@ def main(argv=None) -> dict:
         for mode in args.modes:
             for batch in args.batch:
                 for share in shares:
-                    run = (lambda a: system.run(a, mode, batch, share)) if share is not None else (lambda a: system.run(a, mode, batch))
-                    run(warm_audio[:batch])  # warm-up, untimed
-                    texts, seconds = run(audio)
+                    options = {} if share is None else {"admit_share": share}
+                    system.run(warm_audio[:batch], mode, batch, **options)  # warm-up, untimed
+                    texts, seconds = system.run(audio, mode, batch, **options)
                     row = {"system": cls.name, "mode": mode, "batch": batch, "files": len(audio), "wall_s": round(seconds, 3),
                            "audio_s_per_s": round(record["audio_s"] / seconds, 1), "wer": wer(sentences, texts),
                            "startup_s": startup, **getattr(system, "detail", {})}
                     if share is not None:
                         row["admit_share"] = share
                     if cls.name in args.profile:
-                        row["profile"] = profiled(lambda: run(audio))
+                        row["profile"] = profiled(lambda: system.run(audio, mode, batch, **options))
                     record["results"].append(row)
                     print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
                     out.write_text(json.dumps(record, indent=1) + "\n")  # a timeout keeps what ran

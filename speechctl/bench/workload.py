@@ -74,7 +74,6 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
             _, i = pending.pop(0)
             job, stream = jobs[i]
             streamer.submit(job, stream=stream)
-            seen[job.id]["submitted_step"] = streamer.steps
         if not streamer.busy():
             time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
             continue
@@ -83,7 +82,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
             if chunk.error:
                 raise EngineError(f"workload request failed: {chunk.error}")
             if len(chunk.audio) and "first" not in row:
-                row["first"], row["first_step"] = t, streamer.steps
+                row["first"] = t
             samples[chunk.id] = samples.get(chunk.id, 0) + len(chunk.audio)
             if chunk.last:
                 row["last"] = t
@@ -104,7 +103,6 @@ def summarize(driven: tuple[dict, dict]) -> dict:
     waits = split.pop("first_audio")
     first = [r["first"] - r["arrival"] for r in rows.values()]
     streamed = [r["first"] - r["arrival"] for r in rows.values() if r["stream"]]
-    steps = [r["first_step"] - r["submitted_step"] for r in rows.values() if r["stream"]]
     last = [r["last"] - r["arrival"] for r in rows.values()]
     makespan = max(r["last"] for r in rows.values()) - min(r["arrival"] for r in rows.values())
     audio = sum(r["audio_s"] for r in rows.values())
@@ -114,13 +112,25 @@ def summarize(driven: tuple[dict, dict]) -> dict:
             "makespan_s": round(makespan, 3), "audio_s_per_s": round(audio / makespan, 2),
             "ttfa_p50_ms": ms(first, 50), "ttfa_p95_ms": ms(first, 95),
             "streamed_ttfa_p50_ms": ms(streamed, 50), "streamed_ttfa_p95_ms": ms(streamed, 95),
-            "streamed_steps_to_audio_p50": pct(steps, 50), "streamed_steps_to_audio_p95": pct(steps, 95),
+            "streamed_steps_to_audio_p50": pct([w["steps_to_audio"] for w in waits], 50),
+            "streamed_steps_to_audio_p95": pct([w["steps_to_audio"] for w in waits], 95),
             # of those: the steps until the first chunk went to the codec, then the wait for it
             "first_chunk_planned_steps_p50": pct([w["steps_to_plan"] for w in waits], 50),
             "first_chunk_planned_steps_p95": pct([w["steps_to_plan"] for w in waits], 95),
             "first_chunk_decode_ms_p50": ms([w["decode_wait_s"] for w in waits], 50),
             "first_chunk_decode_ms_p95": ms([w["decode_wait_s"] for w in waits], 95),
             "e2e_p50_ms": ms(last, 50), "e2e_p95_ms": ms(last, 95), **split}
+
+
+def described(row: dict) -> str:
+    """One round's ``summarize`` in a log line."""
+    return (f"{row['audio_s_per_s']} audio-s/s, TTFA p50/p95 {row['ttfa_p50_ms']}/{row['ttfa_p95_ms']} ms "
+            f"(streamed {row['streamed_ttfa_p50_ms']}/{row['streamed_ttfa_p95_ms']} ms, "
+            f"{row['streamed_steps_to_audio_p50']}/{row['streamed_steps_to_audio_p95']} steps; first chunk planned after "
+            f"{row['first_chunk_planned_steps_p50']}/{row['first_chunk_planned_steps_p95']} steps, decoded in "
+            f"{row['first_chunk_decode_ms_p50']}/{row['first_chunk_decode_ms_p95']} ms), "
+            f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
+            f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s")
 
 
 def _compiles() -> int:
@@ -145,9 +155,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
     saturated = summarize(drive(speech, jobs, [0.0] * len(jobs)))
     saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
-    log(f"saturation: {saturated['audio_s_per_s']} audio-s/s ({saturated_rate:.2f} requests/s); {saturated['steps']} steps: "
-        f"engine {saturated['engine_s']} s, codec {saturated['codec_s']} s, host {saturated['host_s']} s; "
-        f"the codec decoded {saturated['codec_busy_s']} s")
+    log(f"saturation ({saturated_rate:.2f} requests/s): {described(saturated)}")
     same = summarize(drive(speech, uniform(jobs), [0.0] * len(jobs)))
     log(f"saturation with uniform settings: {same['audio_s_per_s']} audio-s/s; varied / uniform "
         f"{saturated['audio_s_per_s'] / same['audio_s_per_s']:.3f}")
@@ -179,13 +187,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         offered = fraction * saturated_rate
         arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
         row = {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
-        log(f"load {fraction:.2f}: {row['audio_s_per_s']} audio-s/s, TTFA p50/p95 {row['ttfa_p50_ms']}/{row['ttfa_p95_ms']} ms "
-            f"(streamed {row['streamed_ttfa_p50_ms']}/{row['streamed_ttfa_p95_ms']} ms, "
-            f"{row['streamed_steps_to_audio_p50']}/{row['streamed_steps_to_audio_p95']} steps; first chunk planned after "
-            f"{row['first_chunk_planned_steps_p50']}/{row['first_chunk_planned_steps_p95']} steps, decoded in "
-            f"{row['first_chunk_decode_ms_p50']}/{row['first_chunk_decode_ms_p95']} ms), "
-            f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
-            f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s")
+        log(f"load {fraction:.2f}: {described(row)}")
         rows.append(row)
         counted()
     return result

@@ -206,6 +206,7 @@ class Codec(ABC):
             budget_bytes = codec_memory_budget(torch.cuda.mem_get_info(self.device)[0])
         batch = 4
         codes = torch.randint(0, self.codebook_size, (batch, self.num_codebooks, probe_frames // batch), device=self.device)
+        frames = codes.shape[0] * codes.shape[2]
         with self._on_own_stream(), torch.no_grad():
             torch.cuda.synchronize(self.device)
             before = torch.cuda.memory_allocated(self.device)
@@ -213,7 +214,7 @@ class Codec(ABC):
             self._decode_batch(codes)
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device) - before
-        self.decode_bytes_per_frame = peak / (batch * (probe_frames // batch))
+        self.decode_bytes_per_frame = peak / frames
         self.max_batch_frames = frames_within(budget_bytes, self.decode_bytes_per_frame, self.max_batch_frames)
         torch.cuda.empty_cache()  # the probe's blocks go back: an engine started after sees them free
 

@@ -35,10 +35,9 @@ class DecodeQueue:
         self._pending: deque[tuple[list, Future]] = deque()
         self._waiting: list[tuple[list[np.ndarray], Future]] = []  # submitted, not yet taken by the worker
         self._lock = threading.Lock()
-        # seconds the codec spent decoding (on the worker thread, or in the caller's on the CPU)
-        # and its calls: a worker that runs behind shows here, not in the caller's step time
+        # seconds the codec spent decoding (on the worker thread, or in the caller's on the CPU):
+        # a worker that runs behind shows here, not in the caller's step time
         self.busy_s = 0.0
-        self.calls = 0
 
     def submit(self, tags: list, codes: list[np.ndarray]) -> None:
         """Decode ``codes`` ([K, T] each), with whatever else is waiting; ``tags`` come back with
@@ -84,7 +83,6 @@ class DecodeQueue:
             return self.codec.decode(codes)
         finally:
             self.busy_s += time.perf_counter() - started
-            self.calls += 1
 
     def ready(self, wait: bool = False) -> Iterator[tuple[object, np.ndarray]]:
         """(tag, waveform) of the batches decoded so far, in submission order (all of them,

@@ -71,8 +71,12 @@ class _Decoding:
     lives: dict  # plan key -> _Live (None: gone before the step, as a cancelled request's was)
     whole: list[_Live]
     closing: list[_Live]
-    windows: int
     waves: Future
+
+    @property
+    def windows(self) -> int:
+        """How many of ``waves`` are the plans' windows (the one-shot requests' audio follows)."""
+        return sum(p.codes is not None for p in self.plans)
 
 
 class SpeechStreamer:
@@ -95,9 +99,9 @@ class SpeechStreamer:
         # in the engine, handing out their audio), and the rest (each request's tokens to its reader)
         self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
         self.steps = 0
-        # per streamed request, where its wait for first audio went: steps until its first chunk
-        # was planned (the engine's part), then steps and seconds until it was handed out (the
-        # codec's part: 0 steps where the decode runs in the step)
+        # per streamed request, its wait for first audio: the steps until it was handed out, of
+        # them the steps until its first chunk was planned (the engine's part), and the seconds
+        # from then (the codec's part; on the CPU the decode runs in the step that planned it)
         self.first_audio: list[dict] = []
 
     @property
@@ -220,16 +224,14 @@ class SpeechStreamer:
         closing = finished + [live for live, _ in whole]
         for live in closing:  # out of the engine; closed once its audio is handed out
             self._closing[live.id] = self._live.pop(live.id)
+        lives = {p.key: self._live.get(p.key[0]) or self._closing.get(p.key[0]) for p in plans}
         for plan in plans:
-            live = self._live.get(plan.key[0]) or self._closing.get(plan.key[0])
+            live = lives[plan.key]
             if plan.codes is not None and live is not None and live.first_planned is None:
                 live.first_planned = (self.steps, time.perf_counter())
         if plans or closing:
-            self._in_flight.append(_Decoding(
-                plans, {p.key: self._closing.get(p.key[0]) or self._live.get(p.key[0]) for p in plans},
-                [live for live, _ in whole], closing, len(windows),
-                self._decodes.decode(windows + [codes for _, codes in whole]),
-            ))
+            self._in_flight.append(_Decoding(plans, lives, [live for live, _ in whole], closing,
+                                             self._decodes.decode(windows + [codes for _, codes in whole])))
         events += self._decoded(wait=not self._live)
         engine, codec = stepped - started, time.perf_counter() - decoding
         self.steps += 1
@@ -250,8 +252,8 @@ class SpeechStreamer:
                 if live is not None and not live.dropped and len(chunk.audio):
                     if live.samples == 0 and live.first_planned is not None:
                         planned, at = live.first_planned
-                        self.first_audio.append({"steps_to_plan": planned - live.submitted_step + 1,
-                                                 "steps_to_hand_out": self.steps - planned,
+                        self.first_audio.append({"steps_to_audio": self.steps - live.submitted_step + 1,
+                                                 "steps_to_plan": planned - live.submitted_step + 1,
                                                  "decode_wait_s": time.perf_counter() - at})
                     events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
                     live.samples += len(chunk.audio)
