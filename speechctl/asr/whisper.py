@@ -200,7 +200,6 @@ class WhisperAsr:
         self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0, "steps": 0, "step_s": 0.0,
                       "admitting_steps": 0, "admitting_step_s": 0.0}
         self._prerender = Prerender(self._render, depth=self.config.max_num_seqs)
-        self._admit_share, self._held = self.config.admit_share, 0  # grouped admission (run sets it)
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
     def counters(self) -> dict:
