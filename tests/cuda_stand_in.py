@@ -9,7 +9,7 @@ the general audio sampling path. Any suite runs with them as a pytest plugin::
 import torch
 from torch.overrides import TorchFunctionMode
 
-from speechctl.engine.runtime.graphs import StepGraphs, _Entry
+from speechctl.graphs import StepGraphs, _Entry
 
 BUCKETS = [1, 2, 4, 8, 16]  # vLLM's for max_num_seqs 8
 

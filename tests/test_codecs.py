@@ -370,3 +370,111 @@ def test_decode_queue_merges_the_batches_that_wait_behind_a_running_decode():
         queue.close()
     assert calls == [[1], [2, 3, 4], [5]]
     assert out == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+
+
+# ---- fixed windows and decode graphs (CUDA; their CPU stand-in here) ----
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_run_in_fixed_windows_equals_the_whole_run(causal):
+    """With ``window``, an item longer than it runs as windows of exactly that many frames (one
+    shape for the decode graphs) and comes out as the whole run; shorter items are unchanged."""
+    from speechctl.codecs.base import _fixed_windows
+
+    run = conv_model(kernel_size=5, causal=causal)
+    context = (8, 0) if causal else (4, 4)
+    shapes = []
+
+    def recording(batch):
+        shapes.append(batch.shape[-1])
+        return run(batch)
+
+    items = [torch.randn(n) for n in [3, 17, 18, 19, 40, 100, 101]]
+    outputs = run_exact_batched(items, recording, in_per_frame=1, out_per_frame=1, context=context,
+                                max_batch_frames=64, window=18)
+    for item, output in zip(items, outputs):
+        torch.testing.assert_close(output, run(item[None])[0], rtol=0, atol=1e-6)
+    assert 18 in shapes and max(shapes) == 18  # nothing ran longer than the window
+    # the windows tile the item: kept frames follow each other from 0 to its end
+    for frames in (19, 40, 100, 101):
+        spans = _fixed_windows(frames, 18, *context)
+        assert [skip + start for start, skip, _ in spans] == list(np.cumsum([0] + [k for *_, k in spans])[:-1])
+        assert sum(k for *_, k in spans) == frames and all(start + 18 <= frames for start, _, _ in spans)
+    with pytest.raises(ValueError, match="keeps nothing"):
+        _fixed_windows(40, 8, 4, 4)
+
+
+def graphed(codec_path, monkeypatch):
+    """A codec that decodes through its graphs, recorded and replayed by the CPU stand-in
+    (tests/cuda_stand_in.py: a replay runs the decode again on the static, padded batch and
+    fails on anything that would sync the host, which a CUDA graph cannot hold)."""
+    from cuda_stand_in import CpuGraphs
+
+    codec = load_codec(codec_path, device="cpu")
+    monkeypatch.setattr("speechctl.codecs.base.StepGraphs", CpuGraphs)
+    codec.use_decode_graphs(core=24)
+    return codec
+
+
+def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
+    """Through the graphs (stood in for on the CPU), long items in fixed windows and batches
+    padded to their bucket decode as the eager codec does; the graphs are a few shapes, kept
+    below their limit, and a decode that a graph cannot hold falls back to eager."""
+    from cuda_stand_in import CpuGraphs
+
+    fast = graphed(dac_path, monkeypatch)
+    left, right = fast.decode_context
+    assert fast.graph_window == left + 24 + right
+    lengths = [1, 7, 30, 64, 65, 200, 3, 7]
+    codes = random_codes(lengths, seed=11)
+    before = CpuGraphs.replays
+    for waveform, reference in zip(fast.decode(codes), codec.decode(codes)):
+        np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
+    again = fast.decode(random_codes(lengths, seed=12))
+    assert CpuGraphs.replays > before and len(again) == len(lengths)
+    recorded = fast.decode_graphs_recorded
+    assert 0 < recorded <= 10  # (bucket, frames): the window and the short items' lengths
+    fast.decode(random_codes(lengths, seed=13))
+    assert fast.decode_graphs_recorded == recorded  # the same shapes replay, nothing new recorded
+    fast._graphs.most = fast.decode_graphs_recorded  # at the limit a new shape runs eagerly
+    (odd,) = fast.decode(random_codes([41], seed=14))
+    np.testing.assert_allclose(odd, codec.decode(random_codes([41], seed=14))[0], rtol=0, atol=DECODE_TOLERANCE)
+    assert fast.decode_graphs_recorded == recorded
+
+    def syncs(batch):  # what a CUDA graph cannot record: the codec falls back to eager, and says so
+        float(batch.sum())
+        return fast.model.decode(audio_codes=batch).audio_values
+
+    monkeypatch.setattr(fast, "_decode_batch", syncs)
+    fast._graphs.most = None
+    fast.decode(random_codes([33], seed=16))  # recorded (the stand-in checks for syncs at its replays)
+    (waveform,) = fast.decode(random_codes([33], seed=15))
+    assert fast._graphs is None and fast.graph_window is None
+    np.testing.assert_allclose(waveform, codec.decode(random_codes([33], seed=15))[0], rtol=0, atol=DECODE_TOLERANCE)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_decode_graphs_on_cuda_give_the_eager_decode(dac_path, monkeypatch):
+    """load_codec records decode graphs on CUDA; they give what the eager decode gives (TF32
+    convolutions of other batch shapes round differently: the tolerance), recorded once per
+    shape, and a streamed request's windows meet only a few shapes."""
+    from speechctl.codecs.streaming import StreamingDecoder
+
+    fast = load_codec(dac_path, device="cuda")
+    assert fast.graph_window is not None
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
+    eager = load_codec(dac_path, device="cuda")
+    assert eager.graph_window is None and eager.decode_graphs_recorded == 0
+    codes = random_codes([1, 7, 30, 64, 65, 300, 3], seed=21)
+    for _ in range(2):
+        for waveform, reference in zip(fast.decode(codes), eager.decode(codes)):
+            np.testing.assert_allclose(waveform, reference, rtol=0, atol=5e-3)
+    recorded = fast.decode_graphs_recorded
+    assert recorded > 0
+    streamed = StreamingDecoder(fast)
+    (long,) = random_codes([400], seed=22)
+    chunks = []
+    for t in range(400):
+        chunks += streamed.step({"a": long[:, t : t + 1]}, ended=["a"] if t == 399 else [])
+    np.testing.assert_allclose(np.concatenate([c.audio for c in chunks]), eager.decode([long])[0], rtol=0, atol=5e-3)
+    assert fast.decode_graphs_recorded - recorded <= 8

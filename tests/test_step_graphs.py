@@ -1,11 +1,12 @@
-"""speechctl.engine.runtime.graphs on CUDA: a replayed step equals the eager step, padding rows write only
+"""speechctl.graphs on CUDA: a replayed step equals the eager step, padding rows write only
 where the caller says, and batches past the largest bucket are left to the caller. (The engine-
 level check is the parity suite, which runs with these graphs on CUDA.)"""
 
 import pytest
 import torch
 
-from speechctl.engine.runtime.graphs import StepGraphs, step_graphs_enabled
+from speechctl.engine.runtime.graphs import step_graphs_enabled
+from speechctl.graphs import StepGraphs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
@@ -56,7 +57,7 @@ def test_in_place_inputs_are_read_where_they_lie():
     shorter than the bucket runs eagerly (None)."""
     from cuda_stand_in import CpuGraphs
 
-    from speechctl.engine.runtime.graphs import InPlace
+    from speechctl.graphs import InPlace
 
     scratch = 9
     state = torch.zeros(scratch + 1)

@@ -121,6 +121,8 @@ def run_family_bench(
             "startup_s": round(startup, 1),
             "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
             "codec_frame_rate": speech.codec.frame_rate if codec else None,
+            # frames of the windows its decode graphs replay (None: it decodes eagerly)
+            "codec_graph_window": speech.codec.graph_window if codec else None,
             "rows": rows,
             "environment": environment(),
         }

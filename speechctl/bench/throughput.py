@@ -235,10 +235,18 @@ def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) 
     windows = [c[:, :window] for c in codes]
     window_batched = timed(lambda: codec.decode(windows))
     window_single = timed(lambda: [codec.decode([c]) for c in windows])
+    eager = {}
+    if codec.graph_window is not None:  # the same decodes without the codec's CUDA graphs, side by side
+        graph_window = codec.graph_window
+        codec.decode_eagerly()
+        eager = {"graph_window": graph_window, "eager_batched_s": round(timed(lambda: codec.decode(codes)), 4),
+                 "eager_window_batched_s": round(timed(lambda: codec.decode(windows)), 4),
+                 "eager_window_one_by_one_s": round(timed(lambda: [codec.decode([c]) for c in windows]), 4)}
     return {"requests": requests, "frames": frames, "codec": f"DAC {dac.sampling_rate} Hz, {dac.n_codebooks} codebooks, "
             f"decoder {dac.decoder_hidden_size}", "batched_s": round(batched, 4), "one_by_one_s": round(single, 4),
             "speedup": round(single / batched, 1), "window_frames": window, "window_batched_s": round(window_batched, 4),
-            "window_one_by_one_s": round(window_single, 4), "window_speedup": round(window_single / window_batched, 1)}
+            "window_one_by_one_s": round(window_single, 4), "window_speedup": round(window_single / window_batched, 1),
+            **eager}
 
 
 def plot_throughput(result: dict, path) -> None:

@@ -7,7 +7,7 @@ end by themselves, and fixed lengths keep runs comparable); half stream, half ar
 sampling varies (temperature, top-k 1-500, top-p), and where the family guides, a quarter use CFG
 at varied scales. Per rate: the sustained audio-s/s, p50 / p95 time to first audio (one-shot: its
 whole audio) and end-to-end latency, and the graph captures and torch.compile frames during the
-timed run (after warm-up both should be 0). Saturation is measured first: every request of a
+timed run (after warm-up both should be 0), and the codec's decode graphs recorded in it. Saturation is measured first: every request of a
 round submitted at once, then the same round with uniform settings (one sampling, one CFG scale:
 ``varied_vs_uniform`` is what the variety costs).
 
@@ -153,6 +153,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
     mean_audio = float(np.mean([j.max_seconds for j, _ in jobs]))
     captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
+    codec_graphs = speech.codec.decode_graphs_recorded
     saturated = summarize(drive(speech, jobs, [0.0] * len(jobs)))
     saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
     log(f"saturation ({saturated_rate:.2f} requests/s): {described(saturated)}")
@@ -166,6 +167,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         "codec_frame_rate": rate,
         # (left, right) frames: a streamed request's first audio waits for `right` frames past it
         "codec_decode_context": list(speech.codec.decode_context),
+        "codec_graph_window": speech.codec.graph_window,  # None: it decodes eagerly (codecs/base.py)
         "requests_per_rate": requests,
         "mix": {"streamed": 0.5, "cfg": 0.25 if cfg else 0.0, "words": [3, 60], "frames_per_word": FRAMES_PER_WORD,
                 "top_k": [1, 500], "top_p": [0.9, 0.95, 1.0], "temperature": [0.5, 1.2]},
@@ -179,6 +181,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     def counted() -> None:  # the timed runs' captures and compiles so far; the result so far written
         result["graph_captures_timed"] = speech.engine.stats()["graph_captures"] - captures
         result["compiled_frames_timed"] = _compiles() - compiles
+        # the codec's decode graphs recorded mid-run: on its worker thread, not in the step loop,
+        # but each one a slower decode that the audio behind it waits for
+        result["codec_graphs_recorded_timed"] = speech.codec.decode_graphs_recorded - codec_graphs
         if partial is not None:
             partial(result)
 

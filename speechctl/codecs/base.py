@@ -15,6 +15,8 @@ Left context matters the same way at the start of a sequence. See ``run_exact_ba
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -23,6 +25,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from speechctl.graphs import StepGraphs
+
+logger = logging.getLogger(__name__)
+
 # Frames (items x padded frames) per model call at most; bounds activation memory on the CPU.
 # About 11 minutes of 50 Hz audio; on CUDA a codec measures what a frame costs and lowers it to
 # its memory budget (``Codec.fit_to_memory``).
@@ -30,6 +36,23 @@ DEFAULT_MAX_BATCH_FRAMES = 32768
 
 # Probe lengths (frames) tried in turn when measuring a receptive field.
 _PROBE_FRAMES = (64, 256, 1024, 4096)
+
+# With decode graphs (CUDA), a long item is decoded as windows of left context + this many frames
+# + right context, all of one length: one graph per batch size decodes any length. The context
+# is decoded twice, so a longer core wastes less (Higgs' tokenizer, 11 + 11 frames: 15 %).
+GRAPH_WINDOW_CORE = 128
+# Decode graphs kept at most (batch-size buckets x window lengths): streamed windows take a few
+# lengths; past the limit a new length decodes eagerly.
+MOST_DECODE_GRAPHS = 96
+
+
+def decode_graphs_enabled(codec: "Codec") -> bool:
+    """Decode in CUDA graphs: on CUDA, for a codec whose receptive field is finite both ways (the
+    windows that give every decode a few fixed shapes need it: DAC, Higgs' tokenizer; Mimi's and
+    EnCodec's left context is their whole input), unless ``SPEECHCTL_CODEC_GRAPHS=0``."""
+    left, right = codec.decode_context
+    bounded = max(left, right) < _PROBE_FRAMES[-1]
+    return codec.device.type == "cuda" and bounded and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
 
 Context = tuple[int, int]
 BatchFn = Callable[[torch.Tensor], torch.Tensor]
@@ -52,6 +75,8 @@ class Codec(ABC):
             frames ``t - left .. t + right`` only.
         max_batch_frames: largest ``items x padded frames`` given to one model call (on CUDA
             lowered to the codec's memory budget at load, ``fit_to_memory``).
+        graph_window: with decode graphs on (``use_decode_graphs``), the frames of the windows an
+            item longer than it is decoded in; None otherwise.
 
     Subclasses set the model up, call ``Codec.__init__`` and then ``self.measure_contexts()``, and
     implement ``_decode_batch``, ``_encode_batch`` and ``_encoder_features``.
@@ -91,6 +116,8 @@ class Codec(ABC):
         # behind the engine's next step that vLLM's async scheduling has already queued.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
+        self._graphs: StepGraphs | None = None  # the decode's CUDA graphs (use_decode_graphs)
+        self.graph_window: int | None = None
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
 
@@ -129,7 +156,7 @@ class Codec(ABC):
         hop = self.hop_length
 
         def decode_batch(batch: torch.Tensor) -> torch.Tensor:
-            waveforms = self._decode_batch(batch.to(self.device)).float()
+            waveforms = self._decode_on_device(batch.to(self.device)).float()
             return _pad_end(waveforms, batch.shape[-1] * hop).cpu()  # exactly T * hop samples
 
         nonempty = [i for i, a in enumerate(arrays) if a.shape[1] > 0]
@@ -141,6 +168,7 @@ class Codec(ABC):
                 out_per_frame=hop,
                 context=self.decode_context,
                 max_batch_frames=self.max_batch_frames,
+                window=self.graph_window,
             )
         results = [np.zeros(0, dtype=np.float32) for _ in arrays]
         for i, output in zip(nonempty, outputs):
@@ -182,6 +210,67 @@ class Codec(ABC):
         for i, output in zip(nonempty, outputs):
             results[i] = output.numpy()
         return results
+
+    # ---- decode graphs ----
+
+    def use_decode_graphs(self, core: int = GRAPH_WINDOW_CORE, most: int = MOST_DECODE_GRAPHS) -> None:
+        """Decode in CUDA graphs from now on, recorded per (batch-size bucket, frames) the first
+        time each is met, at most ``most`` of them; an item longer than ``left + core + right``
+        frames is decoded as windows of that length (``run_exact_batched``), so that any length
+        meets one graph. Why: eager, a decode is hundreds of kernel launches, and on the codec's
+        worker thread each waits for Python's lock while the engine's thread runs Python (module
+        doc of ``speechctl.graphs``); a replay is one launch."""
+        left, right = self.decode_context
+        self.graph_window = left + core + right
+        most_rows = max(1, self.max_batch_frames // self.graph_window)
+        sizes = [1 << i for i in range(most_rows.bit_length()) if 1 << i <= most_rows] + [most_rows]
+        self._graphs = StepGraphs(sizes, self.device, most=most)
+
+    def decode_eagerly(self) -> None:
+        """Decode without graphs from now on (their memory goes back once nothing holds it)."""
+        self._graphs = self.graph_window = None
+
+    def record_decode_graphs(self, frame_counts=()) -> int:
+        """Record now the decode graphs of every batch-size bucket for windows of each of
+        ``frame_counts`` frames and of ``graph_window`` (a long item's), instead of at their first
+        use; returns how many were new (none without graphs). Streaming calls it with its
+        windows' lengths (``StreamingDecoder.window_lengths``)."""
+        graphs = self._graphs
+        if graphs is None:
+            return 0
+        before = graphs.captured
+        with self._on_own_stream(), torch.no_grad():
+            for frames in sorted({*frame_counts, self.graph_window}):
+                for size in graphs.sizes:
+                    if size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
+                        codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
+                        self._decode_on_device(codes)
+                        if self._graphs is None:  # it could not be recorded: eager from now on
+                            return 0
+        return graphs.captured - before
+
+    @property
+    def decode_graphs_recorded(self) -> int:
+        """Decode graphs recorded so far (0 without graphs): one recorded mid-run costs that
+        decode an eager run and a capture."""
+        return self._graphs.captured if self._graphs is not None else 0
+
+    def _decode_on_device(self, codes: torch.Tensor) -> torch.Tensor:
+        """``_decode_batch`` through the decode graphs where one fits (module doc), else eagerly.
+        A graph's output is read before the next decode (``decode`` copies it to the host)."""
+        graphs = self._graphs
+        rows, frames = codes.shape[0], codes.shape[-1]
+        size = graphs.bucket(rows) if graphs is not None else None
+        if size is None or size * frames > self.max_batch_frames:
+            return self._decode_batch(codes)
+        try:
+            out = graphs.run(lambda batch: (self._decode_batch(batch),), frames, rows, (codes,), (0,))
+        except RuntimeError as error:  # a decode that cannot be captured (it syncs the host ...)
+            logger.warning("speechctl: %s decodes eagerly: its decode could not be recorded as a CUDA graph (%s)",
+                           type(self).__name__, error)
+            self.decode_eagerly()
+            return self._decode_batch(codes)
+        return self._decode_batch(codes) if out is None else out[0]
 
     @contextlib.contextmanager
     def _on_own_stream(self):
@@ -283,6 +372,7 @@ def run_exact_batched(
     out_per_frame: int,
     context: Context,
     max_batch_frames: int,
+    window: int | None = None,
 ) -> list[torch.Tensor]:
     """Apply a frame-synchronous sequence model to items of different lengths, batched and exact.
 
@@ -305,11 +395,18 @@ def run_exact_batched(
        second, so these are rare in speech.
 
     With ``right == 0`` (causal models) padding never reaches back and step 1 alone is exact.
+
+    ``window``: an item longer than ``window`` frames is run as windows of exactly that many
+    (``_fixed_windows``), so that every call has few distinct shapes (decode graphs); ``None``:
+    items run whole.
     """
     left, right = context
     lengths = [item.shape[-1] // in_per_frame for item in items]
     if any(n < 1 or item.shape[-1] != n * in_per_frame for n, item in zip(lengths, items)):
         raise ValueError(f"items must be whole frames of {in_per_frame} and non-empty")
+    if window is not None and any(n > window for n in lengths):
+        return _run_in_windows(items, lengths, run, in_per_frame=in_per_frame, out_per_frame=out_per_frame,
+                               context=context, max_batch_frames=max_batch_frames, window=window)
     window = left + right
     outputs: list[torch.Tensor | None] = [None] * len(items)
 
@@ -349,6 +446,48 @@ def run_exact_batched(
             for row, i in enumerate(chunk):
                 outputs[i] = batch_out[row].clone()
     return outputs  # type: ignore[return-value]
+
+
+def _fixed_windows(frames: int, window: int, left: int, right: int) -> list[tuple[int, int, int]]:
+    """How an item of ``frames`` > ``window`` frames is run as windows of ``window`` frames, each
+    giving ``keep`` exact frames after skipping ``skip``: (start, skip, keep) per window.
+
+    The first starts at frame 0 (the item's natural start) and keeps all but its last ``right``
+    frames; each next one starts ``left`` frames before what is not kept yet; the last ends at
+    the item's natural end and keeps the rest. Every kept frame sees ``left`` frames before it
+    (or the natural start) and ``right`` after it (or the natural end) inside its window."""
+    if window <= left + right:
+        raise ValueError(f"a window of {window} frames keeps nothing with context ({left}, {right})")
+    spans, done = [], 0
+    while done < frames:
+        start = max(0, done - left)
+        if start + window >= frames:  # the last: aligned to the natural end
+            start = frames - window
+            spans.append((start, done - start, frames - done))
+            done = frames
+        else:
+            kept_to = start + window - right
+            spans.append((start, done - start, kept_to - done))
+            done = kept_to
+    return spans
+
+
+def _run_in_windows(items, lengths, run, *, in_per_frame, out_per_frame, context, max_batch_frames, window):
+    """``run_exact_batched`` with each item longer than ``window`` frames cut into windows of
+    exactly ``window`` frames (``_fixed_windows``), its outputs stitched from their kept frames."""
+    left, right = context
+    pieces, spans = [], []  # per item: [(piece index, skip, keep)]
+    for item, n in zip(items, lengths):
+        cuts = _fixed_windows(n, window, left, right) if n > window else [(0, 0, n)]
+        spans.append([])
+        for start, skip, keep in cuts:
+            size = window if n > window else n
+            spans[-1].append((len(pieces), skip, keep))
+            pieces.append(item[..., start * in_per_frame : (start + size) * in_per_frame])
+    outputs = run_exact_batched(pieces, run, in_per_frame=in_per_frame, out_per_frame=out_per_frame,
+                                context=context, max_batch_frames=max_batch_frames)
+    return [torch.cat([outputs[p][..., skip * out_per_frame : (skip + keep) * out_per_frame] for p, skip, keep in cuts], dim=-1)
+            for cuts in spans]
 
 
 def measure_context(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Codec
+from .base import Codec, decode_graphs_enabled
 
 # model_type -> "module:class", imported only when used (each family pulls in its own model code).
 CODEC_CLASSES: dict[str, str] = {
@@ -40,7 +40,8 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) 
     """Load the codec in checkpoint directory ``path`` onto ``device``, in eval mode.
 
     ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA its batches
-    are then fitted to the codec's memory budget (``Codec.fit_to_memory``).
+    are then fitted to the codec's memory budget (``Codec.fit_to_memory``), and it decodes in
+    CUDA graphs where it can (``decode_graphs_enabled``).
     Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
     """
     model_type = codec_model_type(path)
@@ -51,4 +52,6 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) 
     codec_class = getattr(importlib.import_module(module_name), class_name)
     codec = codec_class(path, device, **options)
     codec.fit_to_memory()
+    if decode_graphs_enabled(codec):
+        codec.use_decode_graphs()
     return codec

@@ -14,7 +14,10 @@ Every emitted sample is final: concatenating a request's chunks gives its one-sh
   frame sees exactly the code frames it sees in the whole sequence, so its samples are those of the
   one-shot decode. A window that reaches back to frame 0 starts at the natural start (no left
   context is missing there).
-* When a request ends, the rest ``[a, T)`` is decoded with the natural end, like the one-shot decode.
+* When a request ends, the rest ``[a, T)`` is decoded with the natural end, like the one-shot decode,
+  in a window of a full chunk's length where the request has the frames (``[T - W, T)``, ``W`` =
+  left + ``max_chunk`` + right, more left context than needed): so the windows of every step but
+  a request's first few have one length, which decode graphs replay (``Codec.use_decode_graphs``).
 * Chunk sizes grow: ``first_chunk`` frames first (low latency to the first audio), then
   ``growth`` times the previous one up to ``max_chunk`` (fewer, larger decoder calls).
 * All windows that are ready in one step, of all requests, go to the codec in one batched
@@ -99,6 +102,7 @@ class StreamingDecoder:
         self.codec = codec
         self.first_chunk, self.growth, self.max_chunk = int(first_chunk), float(growth), int(max_chunk)
         self.left, self.right = codec.decode_context
+        self.steady = self.left + self.max_chunk + self.right  # frames of a full chunk's window
         self._streams: dict[Hashable, _Stream] = {}
         self.decode_calls = 0  # batched codec calls made (one per step with anything ready)
 
@@ -106,6 +110,19 @@ class StreamingDecoder:
     def lookahead(self) -> int:
         """Frames that must exist past a chunk before it can be emitted (the right context)."""
         return self.right
+
+    def window_lengths(self) -> list[int]:
+        """The frames of the windows a request's chunks are decoded in, from its first to the
+        full chunks' (and its last: ``steady``), where the context is finite (for the codec's
+        decode graphs, ``Codec.record_decode_graphs``); a request's frames that come several
+        chunks at once, or that end it short, make others."""
+        if self.left > 4096:  # (Mimi, EnCodec) every window reaches back to frame 0: each its own length
+            return []
+        lengths, emitted, size = {self.steady}, 0, self.first_chunk
+        while not (size == self.max_chunk and emitted >= self.left):
+            lengths.add(emitted + size + self.right - max(0, emitted - self.left))
+            emitted, size = emitted + size, min(self.max_chunk, math.ceil(size * self.growth))
+        return sorted(lengths)
 
     def step(self, frames: Mapping[Hashable, np.ndarray] | None = None, ended: Iterable[Hashable] = ()) -> list[Chunk]:
         """Add new code frames (``[K, n]`` per request) and mark requests whose codes are complete;
@@ -130,7 +147,10 @@ class StreamingDecoder:
         plans = []
         for key, s in list(self._streams.items()):
             if s.ended:
-                start = max(0, s.emitted - self.left)
+                # the rest is shorter than a chunk and its right context where the loop below
+                # emitted what was ready in earlier steps: then [T - steady, T) holds it with its
+                # left context (frames that came in the step that ended it may need a longer one)
+                start = max(0, min(s.emitted - self.left, s.frames - self.steady))
                 keep = s.frames - s.emitted
                 codes = s.window(start, s.frames) if keep > 0 else None
                 plans.append(Plan(key, codes, s.emitted - start, keep, s.emitted * hop, True))
@@ -147,7 +167,7 @@ class StreamingDecoder:
                 plans.append(Plan(key, codes, s.emitted - start, end - s.emitted, s.emitted * hop, False))
                 s.next_chunk = size
                 s.emitted = end
-                s.forget_before(max(0, s.emitted - self.left))
+                s.forget_before(max(0, s.emitted - self.steady))  # the last window reaches back this far
         return plans
 
     def cut(self, plans: list[Plan], waves) -> list[Chunk]:

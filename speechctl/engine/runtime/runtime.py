@@ -21,13 +21,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from speechctl.engine.runtime.graphs import InPlace, StepGraphs, allow_variants, compile_per_step_work, step_graphs_enabled
+from speechctl.engine.runtime.graphs import allow_variants, compile_per_step_work, step_graphs_enabled
 from speechctl.engine.runtime.frame import sample_frame
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.rules import FrameRules
 from speechctl.engine.runtime.sampling import frame_sampler
 from speechctl.engine.runtime.slots import Admitted, Moved, SlotTable
 from speechctl.engine.streams import StreamSpec
+from speechctl.graphs import InPlace, StepGraphs
 
 
 class ScheduledRows(NamedTuple):
