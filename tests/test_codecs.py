@@ -449,7 +449,7 @@ def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
     fast._graphs.most = None
     fast.decode(random_codes([33], seed=16))  # recorded (the stand-in checks for syncs at its replays)
     (waveform,) = fast.decode(random_codes([33], seed=15))
-    assert fast._graphs is None and fast.graph_window is None
+    assert fast.decode_graphs is None
     np.testing.assert_allclose(waveform, codec.decode(random_codes([33], seed=15))[0], rtol=0, atol=DECODE_TOLERANCE)
 
 
@@ -461,10 +461,10 @@ def test_decode_graphs_on_cuda_give_the_eager_decode(dac_path, monkeypatch):
     from speechctl.codecs.streaming import StreamingDecoder
 
     fast = load_codec(dac_path, device="cuda")
-    assert fast.graph_window is not None
+    assert fast.decode_graphs == f"windows of {fast.graph_window} frames"
     monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
     eager = load_codec(dac_path, device="cuda")
-    assert eager.graph_window is None and eager.decode_graphs_recorded == 0
+    assert eager.decode_graphs is None and eager.decode_graphs_recorded == 0
     codes = random_codes([1, 7, 30, 64, 65, 300, 3], seed=21)
     for _ in range(2):
         for waveform, reference in zip(fast.decode(codes), eager.decode(codes)):
@@ -478,3 +478,60 @@ def test_decode_graphs_on_cuda_give_the_eager_decode(dac_path, monkeypatch):
         chunks += streamed.step({"a": long[:, t : t + 1]}, ended=["a"] if t == 399 else [])
     np.testing.assert_allclose(np.concatenate([c.audio for c in chunks]), eager.decode([long])[0], rtol=0, atol=5e-3)
     assert fast.decode_graphs_recorded - recorded <= 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("family", ["higgs_audio_v2", "csm"])
+def test_the_families_codecs_record_their_decode_graphs_on_cuda(family, tmp_path, monkeypatch):
+    """Higgs' tokenizer (windows) and Mimi (causal, padded calls: its mask code skips its host
+    sync while a graph is captured) record their decode graphs on CUDA, and replay what eager
+    gives."""
+    if family == "csm":
+        from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
+
+        path = create_csm_checkpoint(tmp_path / "m", CsmRecipe())
+    else:
+        from speechctl.models.higgs.checkpoint import HiggsRecipe, create_higgs_checkpoint
+
+        path = create_higgs_checkpoint(tmp_path / "m", HiggsRecipe()) / "audio_tokenizer"
+    fast = load_codec(path, device="cuda")
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
+    eager = load_codec(path, device="cuda")
+    rng = np.random.default_rng(0)
+    for lengths in [(1, 5), (30, 30, 9), (300,), (5, 1)]:
+        codes = [rng.integers(0, fast.codebook_size, (fast.num_codebooks, n)) for n in lengths]
+        for waveform, reference in zip(fast.decode(codes), eager.decode(codes)):
+            np.testing.assert_allclose(waveform, reference, rtol=0, atol=5e-3)
+    assert fast.decode_graphs is not None and fast.decode_graphs_recorded > 0
+
+
+def test_a_causal_codec_pads_its_calls_to_few_lengths_for_its_graphs(tmp_path, monkeypatch):
+    """Mimi is causal: its calls are padded at the end to one of a few lengths for its graphs,
+    which changes none of the frames kept. (Stood in for without the host-sync check: Mimi's mask
+    code syncs where no graph is being captured, and skips that on CUDA while one is.)"""
+    from cuda_stand_in import CpuGraphs
+
+    from speechctl.codecs.base import CAUSAL_GRAPH_FRAMES
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
+
+    class Replays(CpuGraphs):
+        def _replay(self, entry):
+            CpuGraphs.replays += 1
+            return entry.graph(*entry.inputs)
+
+    path = create_csm_checkpoint(tmp_path / "csm", CsmRecipe())
+    eager = load_codec(path)
+    assert eager.decode_context[1] == 0
+    monkeypatch.setattr("speechctl.codecs.base.StepGraphs", Replays)
+    fast = load_codec(path)
+    fast.use_decode_graphs()
+    assert fast.graph_window is None and fast.decode_graphs.startswith("causal")
+    rng = np.random.default_rng(3)
+    before = CpuGraphs.replays
+    for lengths in [(1, 5), (9,), (30, 30), (700, 3), (5, 1)]:  # a causal call is padded to its longest item
+        codes = [rng.integers(0, fast.codebook_size, (fast.num_codebooks, n)) for n in lengths]
+        for waveform, reference in zip(fast.decode(codes), eager.decode(codes)):
+            np.testing.assert_allclose(waveform, reference, rtol=0, atol=1e-5)
+    # calls of 5 frames -> 8, 9 -> 12, 30 -> 32, each recorded once (700, past the longest: eager)
+    assert all(fast._graphs.recorded(rows, frames) for rows, frames in [(2, 8), (1, 12), (2, 32)])
+    assert {8, 12, 32} <= set(CAUSAL_GRAPH_FRAMES) and fast.decode_graphs_recorded == 3 and CpuGraphs.replays == before + 1

@@ -121,8 +121,7 @@ def run_family_bench(
             "startup_s": round(startup, 1),
             "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
             "codec_frame_rate": speech.codec.frame_rate if codec else None,
-            # frames of the windows its decode graphs replay (None: it decodes eagerly)
-            "codec_graph_window": speech.codec.graph_window if codec else None,
+            "codec_decode_graphs": speech.codec.decode_graphs if codec else None,  # None: eager
             "rows": rows,
             "environment": environment(),
         }

@@ -61,7 +61,7 @@ def run_stream_bench(
         "benchmark": "stream",
         "model": describe(shape) if startup is not None else {"family": speech.checkpoint.family.name, "path": str(speech.checkpoint.path)},
         "codec": {"decode_context_frames": list(speech.codec.decode_context), "frame_rate": speech.codec.frame_rate,
-                  "graph_window": speech.codec.graph_window},  # None: it decodes eagerly
+                  "decode_graphs": speech.codec.decode_graphs},  # None: it decodes eagerly
         "first_chunk_frames": first_chunk,
         "repeats": repeats,
         "engine_startup_s": None if startup is None else round(startup, 1),

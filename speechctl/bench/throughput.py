@@ -236,10 +236,10 @@ def _codec_bench(requests: int, frames: int, config: dict | None, repeats: int) 
     window_batched = timed(lambda: codec.decode(windows))
     window_single = timed(lambda: [codec.decode([c]) for c in windows])
     eager = {}
-    if codec.graph_window is not None:  # the same decodes without the codec's CUDA graphs, side by side
-        graph_window = codec.graph_window
+    if codec.decode_graphs is not None:  # the same decodes without the codec's CUDA graphs, side by side
+        graphs = codec.decode_graphs
         codec.decode_eagerly()
-        eager = {"graph_window": graph_window, "eager_batched_s": round(timed(lambda: codec.decode(codes)), 4),
+        eager = {"decode_graphs": graphs, "eager_batched_s": round(timed(lambda: codec.decode(codes)), 4),
                  "eager_window_batched_s": round(timed(lambda: codec.decode(windows)), 4),
                  "eager_window_one_by_one_s": round(timed(lambda: [codec.decode([c]) for c in windows]), 4)}
     return {"requests": requests, "frames": frames, "codec": f"DAC {dac.sampling_rate} Hz, {dac.n_codebooks} codebooks, "

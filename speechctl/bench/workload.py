@@ -167,7 +167,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         "codec_frame_rate": rate,
         # (left, right) frames: a streamed request's first audio waits for `right` frames past it
         "codec_decode_context": list(speech.codec.decode_context),
-        "codec_graph_window": speech.codec.graph_window,  # None: it decodes eagerly (codecs/base.py)
+        "codec_decode_graphs": speech.codec.decode_graphs,  # None: it decodes eagerly (codecs/base.py)
         "requests_per_rate": requests,
         "mix": {"streamed": 0.5, "cfg": 0.25 if cfg else 0.0, "words": [3, 60], "frames_per_word": FRAMES_PER_WORD,
                 "top_k": [1, 500], "top_p": [0.9, 0.95, 1.0], "temperature": [0.5, 1.2]},

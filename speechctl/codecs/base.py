@@ -14,10 +14,12 @@ Left context matters the same way at the start of a sequence. See ``run_exact_ba
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Callable, Sequence
@@ -37,22 +39,26 @@ DEFAULT_MAX_BATCH_FRAMES = 32768
 # Probe lengths (frames) tried in turn when measuring a receptive field.
 _PROBE_FRAMES = (64, 256, 1024, 4096)
 
-# With decode graphs (CUDA), a long item is decoded as windows of left context + this many frames
-# + right context, all of one length: one graph per batch size decodes any length. The context
-# is decoded twice, so a longer core wastes less (Higgs' tokenizer, 11 + 11 frames: 15 %).
+# Decode graphs (CUDA) need few shapes. A codec with a finite receptive field decodes an item
+# longer than left context + this many frames + right context as windows of exactly that length
+# (their context is decoded twice, so a longer core wastes less: Higgs' tokenizer, 11 + 11
+# frames, 15 %). A causal codec pads each call's frames up to the next of CAUSAL_GRAPH_FRAMES
+# instead (exact: no frame sees the ones after it), and decodes longer calls eagerly.
 GRAPH_WINDOW_CORE = 128
-# Decode graphs kept at most (batch-size buckets x window lengths): streamed windows take a few
-# lengths; past the limit a new length decodes eagerly.
+CAUSAL_GRAPH_FRAMES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Decode graphs kept at most (batch-size buckets x lengths); past it a new shape decodes eagerly.
 MOST_DECODE_GRAPHS = 96
 
 
 def decode_graphs_enabled(codec: "Codec") -> bool:
-    """Decode in CUDA graphs: on CUDA, for a codec whose receptive field is finite both ways (the
-    windows that give every decode a few fixed shapes need it: DAC, Higgs' tokenizer; Mimi's and
-    EnCodec's left context is their whole input), unless ``SPEECHCTL_CODEC_GRAPHS=0``."""
+    """Decode in CUDA graphs: on CUDA, for a codec whose calls can be given a few shapes (a
+    finite receptive field both ways, DAC and Higgs' tokenizer, or a causal one, Mimi; not
+    EnCodec, whose left context is its whole input and whose right is not empty), unless
+    ``SPEECHCTL_CODEC_GRAPHS=0``."""
     left, right = codec.decode_context
-    bounded = max(left, right) < _PROBE_FRAMES[-1]
-    return codec.device.type == "cuda" and bounded and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
+    shapeable = max(left, right) < _PROBE_FRAMES[-1] or right == 0
+    return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
+
 
 Context = tuple[int, int]
 BatchFn = Callable[[torch.Tensor], torch.Tensor]
@@ -117,6 +123,7 @@ class Codec(ABC):
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
         self._graphs: StepGraphs | None = None  # the decode's CUDA graphs (use_decode_graphs)
+        self._graph_out: torch.Tensor | None = None  # the buffer they write their waveforms to
         self.graph_window: int | None = None
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
@@ -215,39 +222,30 @@ class Codec(ABC):
 
     def use_decode_graphs(self, core: int = GRAPH_WINDOW_CORE, most: int = MOST_DECODE_GRAPHS) -> None:
         """Decode in CUDA graphs from now on, recorded per (batch-size bucket, frames) the first
-        time each is met, at most ``most`` of them; an item longer than ``left + core + right``
-        frames is decoded as windows of that length (``run_exact_batched``), so that any length
-        meets one graph. Why: eager, a decode is hundreds of kernel launches, and on the codec's
-        worker thread each waits for Python's lock while the engine's thread runs Python (module
-        doc of ``speechctl.graphs``); a replay is one launch."""
+        time each is met (``record_decode_graphs``: ahead of time), at most ``most`` of them.
+        Why: eager, a decode is hundreds of kernel launches, and on the codec's worker thread each
+        waits for Python's lock while the engine's thread runs Python (``speechctl.graphs``); a
+        replay is one launch. The shapes are made few (module constants): windows of
+        ``left + core + right`` frames (``graph_window``), or a causal codec's calls padded to
+        ``CAUSAL_GRAPH_FRAMES``. Every graph writes its waveforms into one buffer, so that the
+        graphs' memory is their largest decode's, not the sum of their outputs."""
         left, right = self.decode_context
-        self.graph_window = left + core + right
-        most_rows = max(1, self.max_batch_frames // self.graph_window)
-        sizes = [1 << i for i in range(most_rows.bit_length()) if 1 << i <= most_rows] + [most_rows]
+        finite = max(left, right) < _PROBE_FRAMES[-1]
+        self.graph_window = left + core + right if finite else None
+        longest = self.graph_window or CAUSAL_GRAPH_FRAMES[-1]
+        most_rows = max(1, self.max_batch_frames // longest)
+        sizes = [1 << i for i in range(most_rows.bit_length())] + [most_rows]
         self._graphs = StepGraphs(sizes, self.device, most=most)
+        self._graph_out = torch.zeros((most_rows, longest * self.hop_length), device=self.device)
 
-    def decode_eagerly(self) -> None:
-        """Decode without graphs from now on (their memory goes back once nothing holds it)."""
-        self._graphs = self.graph_window = None
-
-    def record_decode_graphs(self, frame_counts=()) -> int:
-        """Record now the decode graphs of every batch-size bucket for windows of each of
-        ``frame_counts`` frames and of ``graph_window`` (a long item's), instead of at their first
-        use; returns how many were new (none without graphs). Streaming calls it with its
-        windows' lengths (``StreamingDecoder.window_lengths``)."""
-        graphs = self._graphs
-        if graphs is None:
-            return 0
-        before = graphs.captured
-        with self._on_own_stream(), torch.no_grad():
-            for frames in sorted({*frame_counts, self.graph_window}):
-                for size in graphs.sizes:
-                    if size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
-                        codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
-                        self._decode_on_device(codes)
-                        if self._graphs is None:  # it could not be recorded: eager from now on
-                            return 0
-        return graphs.captured - before
+    @property
+    def decode_graphs(self) -> str | None:
+        """How the decode's calls meet its graphs (None: it decodes eagerly); benches record it."""
+        if self._graphs is None:
+            return None
+        if self.graph_window is not None:
+            return f"windows of {self.graph_window} frames"
+        return f"causal, calls padded to {CAUSAL_GRAPH_FRAMES[0]}-{CAUSAL_GRAPH_FRAMES[-1]} frames"
 
     @property
     def decode_graphs_recorded(self) -> int:
@@ -255,22 +253,68 @@ class Codec(ABC):
         decode an eager run and a capture."""
         return self._graphs.captured if self._graphs is not None else 0
 
-    def _decode_on_device(self, codes: torch.Tensor) -> torch.Tensor:
-        """``_decode_batch`` through the decode graphs where one fits (module doc), else eagerly.
-        A graph's output is read before the next decode (``decode`` copies it to the host)."""
+    def decode_eagerly(self) -> None:
+        """Decode without graphs from now on (their memory goes back once nothing holds it)."""
+        self._graphs = self.graph_window = self._graph_out = None
+
+    def record_decode_graphs(self, frame_counts=()) -> int:
+        """Record now the decode graphs of every batch-size bucket for calls of each of
+        ``frame_counts`` frames (and of a long item's window), instead of at their first use;
+        returns how many were new (none without graphs). The streamer calls it with its windows'
+        lengths (``StreamingDecoder.window_lengths``): a first chunk then never waits for one."""
         graphs = self._graphs
-        rows, frames = codes.shape[0], codes.shape[-1]
-        size = graphs.bucket(rows) if graphs is not None else None
-        if size is None or size * frames > self.max_batch_frames:
+        if graphs is None:
+            return 0
+        before, started = graphs.captured, time.perf_counter()
+        lengths = {self._graph_frames(n) for n in frame_counts} | {self.graph_window}
+        with self._on_own_stream(), torch.no_grad():
+            for frames in sorted(n for n in lengths if n is not None):
+                for size in graphs.sizes:
+                    if size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
+                        codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
+                        self._decode_on_device(codes)
+                        if self._graphs is None:  # it could not be recorded: eager from now on
+                            return 0
+        logger.info("speechctl: %d decode graphs of %s recorded in %.1f s", graphs.captured - before,
+                    type(self).__name__, time.perf_counter() - started)
+        return graphs.captured - before
+
+    def _graph_frames(self, frames: int) -> int | None:
+        """The frames of the graph that decodes a call of ``frames`` frames (None: none does)."""
+        if self.graph_window is not None:
+            return frames if frames <= self.graph_window else None
+        i = bisect.bisect_left(CAUSAL_GRAPH_FRAMES, frames)
+        return CAUSAL_GRAPH_FRAMES[i] if i < len(CAUSAL_GRAPH_FRAMES) else None
+
+    def _decode_on_device(self, codes: torch.Tensor) -> torch.Tensor:
+        """``_decode_batch`` through the decode graphs where one fits, else eagerly. A graph's
+        waveforms are read before the next decode (``decode`` copies them to the host)."""
+        graphs = self._graphs
+        if graphs is None:
             return self._decode_batch(codes)
+        rows, frames = codes.shape[0], codes.shape[-1]
+        size, padded = graphs.bucket(rows), self._graph_frames(frames)
+        if size is None or padded is None or size * padded > self.max_batch_frames:
+            return self._decode_batch(codes)
+        if padded > frames:  # causal: the padding frames come after every frame kept
+            codes = torch.nn.functional.pad(codes, (0, padded - frames))
+        out, hop = self._graph_out, self.hop_length
+
+        def decode_into_buffer(batch: torch.Tensor) -> tuple[torch.Tensor]:
+            waveforms = self._decode_batch(batch)
+            samples = min(waveforms.shape[-1], padded * hop)  # (DAC's odd strides give a few fewer)
+            return (out[: batch.shape[0], :samples].copy_(waveforms[:, :samples]),)
+
         try:
-            out = graphs.run(lambda batch: (self._decode_batch(batch),), frames, rows, (codes,), (0,))
+            result = graphs.run(decode_into_buffer, padded, rows, (codes,), (0,))
         except RuntimeError as error:  # a decode that cannot be captured (it syncs the host ...)
             logger.warning("speechctl: %s decodes eagerly: its decode could not be recorded as a CUDA graph (%s)",
                            type(self).__name__, error)
             self.decode_eagerly()
-            return self._decode_batch(codes)
-        return self._decode_batch(codes) if out is None else out[0]
+            return self._decode_batch(codes[..., :frames])
+        if result is None:  # past the most graphs kept
+            return self._decode_batch(codes[..., :frames])
+        return result[0][..., : frames * hop]
 
     @contextlib.contextmanager
     def _on_own_stream(self):

@@ -113,11 +113,17 @@ class StreamingDecoder:
 
     def window_lengths(self) -> list[int]:
         """The frames of the windows a request's chunks are decoded in, from its first to the
-        full chunks' (and its last: ``steady``), where the context is finite (for the codec's
-        decode graphs, ``Codec.record_decode_graphs``); a request's frames that come several
-        chunks at once, or that end it short, make others."""
-        if self.left > 4096:  # (Mimi, EnCodec) every window reaches back to frame 0: each its own length
-            return []
+        full chunks' (and its last: ``steady``), for the codec's decode graphs
+        (``Codec.record_decode_graphs``); a request's frames that come several chunks at once,
+        or that end it short, make others. Where every window reaches back to frame 0 (Mimi's
+        unbounded left context) each has its own length: its first four chunks'."""
+        if self.left > 4096:
+            ends, end, size = [], 0, self.first_chunk
+            for _ in range(4):
+                end += size
+                ends.append(end + self.right)
+                size = min(self.max_chunk, math.ceil(size * self.growth))
+            return ends
         lengths, emitted, size = {self.steady}, 0, self.first_chunk
         while not (size == self.max_chunk and emitted >= self.left):
             lengths.add(emitted + size + self.right - max(0, emitted - self.left))

@@ -88,7 +88,7 @@ class SpeechStreamer:
         self.speech = speech
         self.engine = speech.engine
         self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
-        if speech.codec.graph_window is not None:  # its decode graphs, before the first request waits for one
+        if speech.codec.decode_graphs is not None:  # its decode graphs, before a first chunk waits for one
             speech.codec.record_decode_graphs(self.decoder.window_lengths())
         self._decodes = DecodeQueue(speech.codec, thread=decode_thread)
         self._in_flight: deque[_Decoding] = deque()
