@@ -135,9 +135,12 @@ def test_committed_results_redraw(tmp_path, name, panels):
     assert (width, height) == (panels * 5 * 110, 4 * 110)  # 5 x 4 inches per panel at 110 dpi
 
 
-def test_workload_bench_drives_arrivals_of_mixed_requests():
+def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     """Streamed and one-shot requests of varied sampling (and CFG) arrive into one engine; each
-    row reports what it names, the saturated run first."""
+    row reports what it names, the saturated run first; with the codec's decode graphs (stood in
+    for on the CPU) a load runs again at the end with the codec eager."""
+    from cuda_stand_in import CpuGraphs
+
     from speechctl.api import Speech
     from speechctl.bench.workload import run_workload_bench, workload
     from speechctl.engine.config import EngineConfig
@@ -148,12 +151,19 @@ def test_workload_bench_drives_arrivals_of_mixed_requests():
     assert {stream for _, stream in jobs} == {True, False} and any(j.guidance.enabled for j, _ in jobs)
     assert len({j.audio_sampling.top_k for j, _ in jobs}) > 20
     speech = Speech(engine_config=EngineConfig(max_num_seqs=16, kv_cache_bytes=1 << 27))
+    monkeypatch.setattr("speechctl.codecs.base.StepGraphs", CpuGraphs)
+    speech.codec.use_decode_graphs()
     try:
-        result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None)
+        result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None, eager_codec_rates=(0.8,))
         guides = speech.checkpoint.family.cfg is not None
         assert result["codec_decode_context"] == list(speech.codec.decode_context)
+        assert speech.codec.decode_graphs is None  # eager for the last round
     finally:
         speech.close()
+    assert result["codec_decode_graphs"].startswith("windows of")
+    (eager,) = result["eager_codec"]
+    assert (eager["load"], eager["requests"], eager["audio_s"]) == (0.8, 5, result["saturation"]["audio_s"])
+    assert result["codec_graphs_recorded_timed"] >= 0
     (row,) = result["results"]
     assert row["requests"] == 5 and row["audio_s"] == result["saturation"]["audio_s"] > 0
     assert row["ttfa_p50_ms"] <= row["e2e_p50_ms"] and row["ttfa_p95_ms"] <= row["e2e_p95_ms"]

@@ -404,6 +404,28 @@ def test_run_in_fixed_windows_equals_the_whole_run(causal):
         _fixed_windows(40, 8, 4, 4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_batches_padded_to_given_lengths_stay_exact(causal):
+    """``pad_to``: a batch runs at the least of the given lengths that holds its longest item (the
+    graphs' few shapes); the padding is undone at each item's natural end as ever."""
+    run = conv_model(kernel_size=5, causal=causal)
+    context = (8, 0) if causal else (4, 4)
+    shapes = []
+
+    def recording(batch):
+        shapes.append(batch.shape[-1])
+        return run(batch)
+
+    for lengths in ([3], [9, 9], [14], [10, 12, 17], [20, 31], [33, 5]):
+        items = [torch.randn(n) for n in lengths]
+        for item, output in zip(items, run_exact_batched(items, recording, in_per_frame=1, out_per_frame=1, context=context,
+                                                         max_batch_frames=256, pad_to=(12, 16, 32))):
+            torch.testing.assert_close(output, run(item[None])[0], rtol=0, atol=1e-6)
+    # non-causal: the natural-end windows (left + right frames) and items shorter than them at
+    # their own length; past the longest given length a batch runs at its longest item's
+    assert set(shapes) == ({12, 16, 32, 33} | ({8, 3, 5} if not causal else set()))
+
+
 def graphed(codec_path, monkeypatch):
     """A codec that decodes through its graphs, recorded and replayed by the CPU stand-in
     (tests/cuda_stand_in.py: a replay runs the decode again on the static, padded batch and
@@ -436,6 +458,13 @@ def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
     assert 0 < recorded <= 10  # (bucket, frames): the window and the short items' lengths
     fast.decode(random_codes(lengths, seed=13))
     assert fast.decode_graphs_recorded == recorded  # the same shapes replay, nothing new recorded
+    # every length from the context's to the window's, in one call: padded to the window, its
+    # ends decoded again in natural-end windows of left + right frames: two shapes
+    spread = random_codes(range(left + right, fast.graph_window + 1), seed=17)
+    for waveform, reference in zip(fast.decode(spread), codec.decode(spread)):
+        np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
+    assert fast.decode_graphs_recorded - recorded <= 2
+    recorded = fast.decode_graphs_recorded
     fast._graphs.most = fast.decode_graphs_recorded  # at the limit a new shape runs eagerly
     (odd,) = fast.decode(random_codes([41], seed=14))
     np.testing.assert_allclose(odd, codec.decode(random_codes([41], seed=14))[0], rtol=0, atol=DECODE_TOLERANCE)
@@ -511,7 +540,7 @@ def test_a_causal_codec_pads_its_calls_to_few_lengths_for_its_graphs(tmp_path, m
     code syncs where no graph is being captured, and skips that on CUDA while one is.)"""
     from cuda_stand_in import CpuGraphs
 
-    from speechctl.codecs.base import CAUSAL_GRAPH_FRAMES
+    from speechctl.codecs.base import GRAPH_FRAMES
     from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
 
     class Replays(CpuGraphs):
@@ -534,4 +563,4 @@ def test_a_causal_codec_pads_its_calls_to_few_lengths_for_its_graphs(tmp_path, m
             np.testing.assert_allclose(waveform, reference, rtol=0, atol=1e-5)
     # calls of 5 frames -> 8, 9 -> 12, 30 -> 32, each recorded once (700, past the longest: eager)
     assert all(fast._graphs.recorded(rows, frames) for rows, frames in [(2, 8), (1, 12), (2, 32)])
-    assert {8, 12, 32} <= set(CAUSAL_GRAPH_FRAMES) and fast.decode_graphs_recorded == 3 and CpuGraphs.replays == before + 1
+    assert {8, 12, 32} <= set(GRAPH_FRAMES) and fast.decode_graphs_recorded == 3 and CpuGraphs.replays == before + 1

@@ -140,10 +140,12 @@ def _compiles() -> int:
 
 
 def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 64, seed: int = 0, log=print,
-                       partial=None) -> dict:
+                       partial=None, eager_codec_rates=()) -> dict:
     """``rates``: fractions of the saturated request rate. ``speech``: a loaded ``Speech``.
     ``partial(result)`` is called after the saturated run and after every rate (a run cut short
-    by a time limit still leaves what it measured)."""
+    by a time limit still leaves what it measured). ``eager_codec_rates``: loads run again at
+    the end, the same arrivals, with the codec decoding eagerly (``eager_codec``: what its CUDA
+    graphs are worth, side by side; nothing where it has none)."""
     from speechctl.bench.report import environment
 
     cfg = speech.checkpoint.family.cfg is not None
@@ -182,19 +184,31 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         result["graph_captures_timed"] = speech.engine.stats()["graph_captures"] - captures
         result["compiled_frames_timed"] = _compiles() - compiles
         # the codec's decode graphs recorded mid-run: on its worker thread, not in the step loop,
-        # but each one a slower decode that the audio behind it waits for
-        result["codec_graphs_recorded_timed"] = speech.codec.decode_graphs_recorded - codec_graphs
+        # but each one a slower decode that the audio behind it waits for (the eager rounds at
+        # the end record none)
+        if speech.codec.decode_graphs is not None or "codec_graphs_recorded_timed" not in result:
+            result["codec_graphs_recorded_timed"] = speech.codec.decode_graphs_recorded - codec_graphs
         if partial is not None:
             partial(result)
 
     counted()
-    for fraction in rates:
+
+    def at_load(fraction: float) -> dict:
         offered = fraction * saturated_rate
         arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
-        row = {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
-        log(f"load {fraction:.2f}: {described(row)}")
-        rows.append(row)
+        return {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
+
+    for fraction in rates:
+        rows.append(at_load(fraction))
+        log(f"load {fraction:.2f}: {described(rows[-1])}")
         counted()
+    if eager_codec_rates and speech.codec.decode_graphs is not None:
+        speech.codec.decode_eagerly()
+        result["eager_codec"] = []
+        for fraction in eager_codec_rates:
+            result["eager_codec"].append(at_load(fraction))
+            log(f"load {fraction:.2f}, the codec eager: {described(result['eager_codec'][-1])}")
+            counted()
     return result
 
 
@@ -216,6 +230,9 @@ def plot_workload(result: dict, path) -> None:
                               ("e2e_p50_ms", "o--", "end-to-end p50"), ("e2e_p95_ms", "s--", "end-to-end p95")):
         if all(r.get(key) is not None for r in rows):  # results from before the streamed split lack it
             right.plot(load, [r[key] for r in rows], style, label=label)
+    eager = result.get("eager_codec") or []
+    if eager:
+        right.plot([r["load"] for r in eager], [r["streamed_ttfa_p95_ms"] for r in eager], "x-.", label="streamed TTFA p95, codec eager")
     right.axhline(250, ls=":", c="r", label="goal: streamed TTFA p95 250 ms at 0.7")
     right.set(xlabel="offered load (fraction of saturation)", ylabel="ms", yscale="log")
     right.legend()

@@ -42,12 +42,13 @@ _PROBE_FRAMES = (64, 256, 1024, 4096)
 # Decode graphs (CUDA) need few shapes. A codec with a finite receptive field decodes an item
 # longer than left context + this many frames + right context as windows of exactly that length
 # (their context is decoded twice, so a longer core wastes less: Higgs' tokenizer, 11 + 11
-# frames, 15 %). A causal codec pads each call's frames up to the next of CAUSAL_GRAPH_FRAMES
-# instead (exact: no frame sees the ones after it), and decodes longer calls eagerly.
+# frames, 15 %). Calls are padded up to one of GRAPH_FRAMES (``run_exact_batched``'s ``pad_to``:
+# exact, the padding's effect is decoded again at the items' natural end, or for a causal codec
+# never reaches back); a causal codec decodes longer calls eagerly.
 GRAPH_WINDOW_CORE = 128
-CAUSAL_GRAPH_FRAMES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+GRAPH_FRAMES = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Decode graphs kept at most (batch-size buckets x lengths); past it a new shape decodes eagerly.
-MOST_DECODE_GRAPHS = 96
+MOST_DECODE_GRAPHS = 192
 
 
 def decode_graphs_enabled(codec: "Codec") -> bool:
@@ -124,6 +125,7 @@ class Codec(ABC):
         self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
         self._graphs: StepGraphs | None = None  # the decode's CUDA graphs (use_decode_graphs)
         self._graph_out: torch.Tensor | None = None  # the buffer they write their waveforms to
+        self._graph_lengths: list[int] = []  # frames the decode's calls are padded up to (graphs on)
         self.graph_window: int | None = None
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
@@ -176,6 +178,7 @@ class Codec(ABC):
                 context=self.decode_context,
                 max_batch_frames=self.max_batch_frames,
                 window=self.graph_window,
+                pad_to=self._graph_lengths,
             )
         results = [np.zeros(0, dtype=np.float32) for _ in arrays]
         for i, output in zip(nonempty, outputs):
@@ -226,13 +229,17 @@ class Codec(ABC):
         Why: eager, a decode is hundreds of kernel launches, and on the codec's worker thread each
         waits for Python's lock while the engine's thread runs Python (``speechctl.graphs``); a
         replay is one launch. The shapes are made few (module constants): windows of
-        ``left + core + right`` frames (``graph_window``), or a causal codec's calls padded to
-        ``CAUSAL_GRAPH_FRAMES``. Every graph writes its waveforms into one buffer, so that the
-        graphs' memory is their largest decode's, not the sum of their outputs."""
+        ``left + core + right`` frames (``graph_window``) where the receptive field is finite,
+        and calls padded to ``GRAPH_FRAMES`` (and the lengths ``record_decode_graphs`` is given).
+        Every graph writes its waveforms into one buffer, so that the graphs' memory is their
+        largest decode's, not the sum of their outputs."""
         left, right = self.decode_context
         finite = max(left, right) < _PROBE_FRAMES[-1]
         self.graph_window = left + core + right if finite else None
-        longest = self.graph_window or CAUSAL_GRAPH_FRAMES[-1]
+        longest = self.graph_window or GRAPH_FRAMES[-1]
+        # (a non-causal call shorter than its context cannot be padded: it runs at its length)
+        self._graph_lengths = sorted({n for n in GRAPH_FRAMES if n <= longest and (right == 0 or n >= left + right)}
+                                     | {longest})
         most_rows = max(1, self.max_batch_frames // longest)
         sizes = [1 << i for i in range(most_rows.bit_length())] + [most_rows]
         self._graphs = StepGraphs(sizes, self.device, most=most)
@@ -243,9 +250,8 @@ class Codec(ABC):
         """How the decode's calls meet its graphs (None: it decodes eagerly); benches record it."""
         if self._graphs is None:
             return None
-        if self.graph_window is not None:
-            return f"windows of {self.graph_window} frames"
-        return f"causal, calls padded to {CAUSAL_GRAPH_FRAMES[0]}-{CAUSAL_GRAPH_FRAMES[-1]} frames"
+        lengths = f"calls padded to {self._graph_lengths[0]}-{self._graph_lengths[-1]} frames"
+        return f"windows of {self.graph_window} frames, {lengths}" if self.graph_window else f"causal, {lengths}"
 
     @property
     def decode_graphs_recorded(self) -> int:
@@ -256,19 +262,24 @@ class Codec(ABC):
     def decode_eagerly(self) -> None:
         """Decode without graphs from now on (their memory goes back once nothing holds it)."""
         self._graphs = self.graph_window = self._graph_out = None
+        self._graph_lengths = []
 
     def record_decode_graphs(self, frame_counts=()) -> int:
         """Record now the decode graphs of every batch-size bucket for calls of each of
-        ``frame_counts`` frames (and of a long item's window), instead of at their first use;
-        returns how many were new (none without graphs). The streamer calls it with its windows'
-        lengths (``StreamingDecoder.window_lengths``): a first chunk then never waits for one."""
+        ``frame_counts`` frames (which calls are then not padded past) and of a long item's
+        window, instead of at their first use; returns how many were new (none without graphs).
+        The streamer calls it with its windows' lengths (``StreamingDecoder.window_lengths``): a
+        first chunk then never waits for one, nor for a longer decode than its own."""
         graphs = self._graphs
         if graphs is None:
             return 0
         before, started = graphs.captured, time.perf_counter()
-        lengths = {self._graph_frames(n) for n in frame_counts} | {self.graph_window}
+        longest = self._graph_lengths[-1]
+        lengths = {n for n in frame_counts if n <= longest}
+        left, right = self.decode_context
+        self._graph_lengths = sorted(set(self._graph_lengths) | {n for n in lengths if right == 0 or n >= left + right})
         with self._on_own_stream(), torch.no_grad():
-            for frames in sorted(n for n in lengths if n is not None):
+            for frames in sorted(lengths | {self.graph_window or longest}):
                 for size in graphs.sizes:
                     if size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
                         codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
@@ -279,13 +290,6 @@ class Codec(ABC):
                     type(self).__name__, time.perf_counter() - started)
         return graphs.captured - before
 
-    def _graph_frames(self, frames: int) -> int | None:
-        """The frames of the graph that decodes a call of ``frames`` frames (None: none does)."""
-        if self.graph_window is not None:
-            return frames if frames <= self.graph_window else None
-        i = bisect.bisect_left(CAUSAL_GRAPH_FRAMES, frames)
-        return CAUSAL_GRAPH_FRAMES[i] if i < len(CAUSAL_GRAPH_FRAMES) else None
-
     def _decode_on_device(self, codes: torch.Tensor) -> torch.Tensor:
         """``_decode_batch`` through the decode graphs where one fits, else eagerly. A graph's
         waveforms are read before the next decode (``decode`` copies them to the host)."""
@@ -293,28 +297,24 @@ class Codec(ABC):
         if graphs is None:
             return self._decode_batch(codes)
         rows, frames = codes.shape[0], codes.shape[-1]
-        size, padded = graphs.bucket(rows), self._graph_frames(frames)
-        if size is None or padded is None or size * padded > self.max_batch_frames:
+        size = graphs.bucket(rows)
+        if size is None or frames > self._graph_lengths[-1] or size * frames > self.max_batch_frames:
             return self._decode_batch(codes)
-        if padded > frames:  # causal: the padding frames come after every frame kept
-            codes = torch.nn.functional.pad(codes, (0, padded - frames))
         out, hop = self._graph_out, self.hop_length
 
         def decode_into_buffer(batch: torch.Tensor) -> tuple[torch.Tensor]:
             waveforms = self._decode_batch(batch)
-            samples = min(waveforms.shape[-1], padded * hop)  # (DAC's odd strides give a few fewer)
+            samples = min(waveforms.shape[-1], frames * hop)  # (DAC's odd strides give a few fewer)
             return (out[: batch.shape[0], :samples].copy_(waveforms[:, :samples]),)
 
         try:
-            result = graphs.run(decode_into_buffer, padded, rows, (codes,), (0,))
+            result = graphs.run(decode_into_buffer, frames, rows, (codes,), (0,))
         except RuntimeError as error:  # a decode that cannot be captured (it syncs the host ...)
             logger.warning("speechctl: %s decodes eagerly: its decode could not be recorded as a CUDA graph (%s)",
                            type(self).__name__, error)
             self.decode_eagerly()
-            return self._decode_batch(codes[..., :frames])
-        if result is None:  # past the most graphs kept
-            return self._decode_batch(codes[..., :frames])
-        return result[0][..., : frames * hop]
+            return self._decode_batch(codes)
+        return self._decode_batch(codes) if result is None else result[0]  # (None: past the most kept)
 
     @contextlib.contextmanager
     def _on_own_stream(self):
@@ -417,6 +417,7 @@ def run_exact_batched(
     context: Context,
     max_batch_frames: int,
     window: int | None = None,
+    pad_to: Sequence[int] = (),
 ) -> list[torch.Tensor]:
     """Apply a frame-synchronous sequence model to items of different lengths, batched and exact.
 
@@ -442,7 +443,8 @@ def run_exact_batched(
 
     ``window``: an item longer than ``window`` frames is run as windows of exactly that many
     (``_fixed_windows``), so that every call has few distinct shapes (decode graphs); ``None``:
-    items run whole.
+    items run whole. ``pad_to``: the lengths step 1 pads a batch to, the least at least its
+    longest item's (none: that item's; an item longer than all: its own).
     """
     left, right = context
     lengths = [item.shape[-1] // in_per_frame for item in items]
@@ -450,8 +452,13 @@ def run_exact_batched(
         raise ValueError(f"items must be whole frames of {in_per_frame} and non-empty")
     if window is not None and any(n > window for n in lengths):
         return _run_in_windows(items, lengths, run, in_per_frame=in_per_frame, out_per_frame=out_per_frame,
-                               context=context, max_batch_frames=max_batch_frames, window=window)
+                               context=context, max_batch_frames=max_batch_frames, window=window, pad_to=pad_to)
     window = left + right
+
+    def padded(frames: int) -> int:
+        i = bisect.bisect_left(pad_to, frames)
+        return pad_to[i] if i < len(pad_to) else frames
+
     outputs: list[torch.Tensor | None] = [None] * len(items)
 
     def run_batch(indices: list[int], frames: int, start_of: Callable[[int], int]) -> torch.Tensor:
@@ -464,8 +471,8 @@ def run_exact_batched(
     long_items = [i for i, n in enumerate(lengths) if right == 0 or n >= window]
     long_items.sort(key=lambda i: -lengths[i])
     needs_tail: list[int] = []
-    for chunk in _chunks(long_items, lambda first: lengths[first], max_batch_frames):
-        frames = lengths[chunk[0]]
+    for chunk in _chunks(long_items, lambda first: padded(lengths[first]), max_batch_frames):
+        frames = padded(lengths[chunk[0]])
         batch_out = run_batch(chunk, frames, lambda i: 0)
         for row, i in enumerate(chunk):
             outputs[i] = batch_out[row, ..., : lengths[i] * out_per_frame].clone()
@@ -516,7 +523,7 @@ def _fixed_windows(frames: int, window: int, left: int, right: int) -> list[tupl
     return spans
 
 
-def _run_in_windows(items, lengths, run, *, in_per_frame, out_per_frame, context, max_batch_frames, window):
+def _run_in_windows(items, lengths, run, *, in_per_frame, out_per_frame, context, max_batch_frames, window, pad_to):
     """``run_exact_batched`` with each item longer than ``window`` frames cut into windows of
     exactly ``window`` frames (``_fixed_windows``), its outputs stitched from their kept frames."""
     left, right = context
@@ -529,7 +536,7 @@ def _run_in_windows(items, lengths, run, *, in_per_frame, out_per_frame, context
             spans[-1].append((len(pieces), skip, keep))
             pieces.append(item[..., start * in_per_frame : (start + size) * in_per_frame])
     outputs = run_exact_batched(pieces, run, in_per_frame=in_per_frame, out_per_frame=out_per_frame,
-                                context=context, max_batch_frames=max_batch_frames)
+                                context=context, max_batch_frames=max_batch_frames, pad_to=pad_to)
     return [torch.cat([outputs[p][..., skip * out_per_frame : (skip + keep) * out_per_frame] for p, skip, keep in cuts], dim=-1)
             for cuts in spans]
 
