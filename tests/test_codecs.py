@@ -465,6 +465,16 @@ def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
         np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
     assert fast.decode_graphs_recorded - recorded <= 2
     recorded = fast.decode_graphs_recorded
+    # recorded ahead: every bucket up to most_rows, for the lengths given and the window
+    sizes = [n for n in fast._graphs.sizes if n <= 4]
+    lengths = {left + right + 3, 5, fast.graph_window}
+    missing = sum(not fast._graphs.recorded(n, f) for n in sizes for f in lengths)
+    assert fast.record_decode_graphs([left + right + 3, 5], most_rows=4) == missing > 0
+    assert all(fast._graphs.recorded(n, f) for n in sizes for f in (left + right + 3, 5, fast.graph_window))
+    assert fast.record_decode_graphs([left + right + 3, 5], most_rows=4) == 0  # nothing left to record
+    recorded = fast.decode_graphs_recorded
+    (again_short,) = fast.decode(random_codes([left + right + 3], seed=18))  # its own length now: no padding
+    assert fast.decode_graphs_recorded == recorded
     fast._graphs.most = fast.decode_graphs_recorded  # at the limit a new shape runs eagerly
     (odd,) = fast.decode(random_codes([41], seed=14))
     np.testing.assert_allclose(odd, codec.decode(random_codes([41], seed=14))[0], rtol=0, atol=DECODE_TOLERANCE)

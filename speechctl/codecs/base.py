@@ -264,10 +264,11 @@ class Codec(ABC):
         self._graphs = self.graph_window = self._graph_out = None
         self._graph_lengths = []
 
-    def record_decode_graphs(self, frame_counts=()) -> int:
-        """Record now the decode graphs of every batch-size bucket for calls of each of
-        ``frame_counts`` frames (which calls are then not padded past) and of a long item's
-        window, instead of at their first use; returns how many were new (none without graphs).
+    def record_decode_graphs(self, frame_counts=(), most_rows: int = 64) -> int:
+        """Record now the decode graphs of the batch-size buckets up to ``most_rows`` for calls of
+        each of ``frame_counts`` frames (which calls are then not padded past) and of a long
+        item's window, instead of at their first use (larger buckets: there); returns how many
+        were new (none without graphs).
         The streamer calls it with its windows' lengths (``StreamingDecoder.window_lengths``): a
         first chunk then never waits for one, nor for a longer decode than its own."""
         graphs = self._graphs
@@ -281,7 +282,7 @@ class Codec(ABC):
         with self._on_own_stream(), torch.no_grad():
             for frames in sorted(lengths | {self.graph_window or longest}):
                 for size in graphs.sizes:
-                    if size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
+                    if size <= most_rows and size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
                         codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
                         self._decode_on_device(codes)
                         if self._graphs is None:  # it could not be recorded: eager from now on
