@@ -4,8 +4,8 @@ eager PyTorch would make hundreds. Two users: the engine's per-step work around 
 
 Why it matters beyond launch cost: a function launched op by op from a worker thread (the
 codec's) needs Python's lock back after every op, and while the engine's thread runs Python it
-gets it only when the interpreter forces a switch (every 5 ms): 500 small ops took 2.8 s so on a
-CPU, 1.3 ms alone (docs/benchmarks/stream.md). A replay is one op.
+gets it only when the interpreter forces a switch (every 5 ms): 500 small ops took 1.7 s so on a
+CPU, 1.4 ms alone (docs/benchmarks/stream.md, benchmarks/worker_lock.py). A replay is one op.
 
 Inputs are copied into static buffers of the bucket's size; rows past the live ones carry
 padding values chosen by the caller (the runtime's scratch slot, whose writes go nowhere). An
@@ -44,7 +44,8 @@ class _Entry:
 
 
 class StepGraphs:
-    """Lazily recorded CUDA graphs of one per-step function, keyed by (bucket, key).
+    """Lazily recorded CUDA graphs of one function (a step's work, a codec's decode), keyed by
+    (bucket, key).
 
     ``sizes``: the buckets (batch sizes with a graph); a batch larger than the largest runs eagerly.
     ``most``: graphs recorded at most (None: no limit); past it a new (bucket, key) runs eagerly.

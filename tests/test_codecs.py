@@ -17,7 +17,7 @@ import transformers
 
 from speechctl.codecs import Codec, load_codec
 from speechctl.accelerator import CODEC_MEMORY_ENV, codec_memory_budget
-from speechctl.codecs.base import frames_within, measure_context, run_exact_batched
+from speechctl.codecs.batching import frames_within, measure_context, run_exact_batched
 from speechctl.errors import InputError
 
 DECODE_TOLERANCE = 1e-5  # max abs difference, float32 waveforms in [-1, 1]
@@ -379,7 +379,7 @@ def test_decode_queue_merges_the_batches_that_wait_behind_a_running_decode():
 def test_run_in_fixed_windows_equals_the_whole_run(causal):
     """With ``window``, an item longer than it runs as windows of exactly that many frames (one
     shape for the decode graphs) and comes out as the whole run; shorter items are unchanged."""
-    from speechctl.codecs.base import _fixed_windows
+    from speechctl.codecs.batching import _fixed_windows
 
     run = conv_model(kernel_size=5, causal=causal)
     context = (8, 0) if causal else (4, 4)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .base import DEFAULT_MAX_BATCH_FRAMES, Codec, measure_context
+from .base import DEFAULT_MAX_BATCH_FRAMES, Codec
+from .batching import measure_context
 
 UNBOUNDED = 1 << 40  # frames: "the whole input" as a receptive field
 
