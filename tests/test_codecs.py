@@ -375,19 +375,24 @@ def test_decode_queue_merges_the_batches_that_wait_behind_a_running_decode():
 # ---- fixed windows and decode graphs (CUDA; their CPU stand-in here) ----
 
 
+def conv_recording(causal: bool):
+    """The conv stack, its receptive field, and the same run recording each call's frames."""
+    run, shapes = conv_model(kernel_size=5, causal=causal), []
+
+    def recording(batch):
+        shapes.append(batch.shape[-1])
+        return run(batch)
+
+    return run, ((8, 0) if causal else (4, 4)), recording, shapes
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_run_in_fixed_windows_equals_the_whole_run(causal):
     """With ``window``, an item longer than it runs as windows of exactly that many frames (one
     shape for the decode graphs) and comes out as the whole run; shorter items are unchanged."""
     from speechctl.codecs.batching import _fixed_windows
 
-    run = conv_model(kernel_size=5, causal=causal)
-    context = (8, 0) if causal else (4, 4)
-    shapes = []
-
-    def recording(batch):
-        shapes.append(batch.shape[-1])
-        return run(batch)
+    run, context, recording, shapes = conv_recording(causal)
 
     items = [torch.randn(n) for n in [3, 17, 18, 19, 40, 100, 101]]
     outputs = run_exact_batched(items, recording, in_per_frame=1, out_per_frame=1, context=context,
@@ -408,13 +413,7 @@ def test_run_in_fixed_windows_equals_the_whole_run(causal):
 def test_batches_padded_to_given_lengths_stay_exact(causal):
     """``pad_to``: a batch runs at the least of the given lengths that holds its longest item (the
     graphs' few shapes); the padding is undone at each item's natural end as ever."""
-    run = conv_model(kernel_size=5, causal=causal)
-    context = (8, 0) if causal else (4, 4)
-    shapes = []
-
-    def recording(batch):
-        shapes.append(batch.shape[-1])
-        return run(batch)
+    run, context, recording, shapes = conv_recording(causal)
 
     for lengths in ([3], [9, 9], [14], [10, 12, 17], [20, 31], [33, 5]):
         items = [torch.randn(n) for n in lengths]
