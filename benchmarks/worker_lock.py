@@ -6,8 +6,11 @@ another thread runs Python meanwhile, taking it back waits until that thread let
 next op, or when the interpreter forces a switch (``sys.getswitchinterval()``, 5 ms). An eager
 decode is hundreds of ops, a CUDA graph's replay one (``speechctl.graphs``). This times ``--ops``
 small ops on a worker thread alone, then while the main thread runs pure Python (the worst case),
-Python with an op every N iterations (a step loop's mix), and the same ops as one call (what a
-replay is to the lock). Device-independent: the lock is the host's, so the CPU shows it.
+Python with an op every N iterations (a step loop's mix), the same ops as one call (what a
+replay is to the lock), and beside pure Python again at shorter switch intervals
+(``speechctl.threads.prompt_workers``), with what those cost the main thread's Python: its fixed
+work timed alone and beside a worker that makes ops without pause. Device-independent: the lock
+is the host's, so the CPU shows it.
 
     python benchmarks/worker_lock.py --out docs/benchmarks/worker-lock-cpu.json
 """
@@ -64,6 +67,35 @@ def with_main_busy(work, op_every: int | None, repeats: int) -> float:
     return min(results)
 
 
+def main_python_beside_a_worker(repeats: int, iterations: int = 3_000_000) -> float:
+    """Fastest time of a fixed pure-Python loop beside a worker making small ops without pause,
+    over its fastest time alone."""
+    def count():
+        total = 0
+        for i in range(iterations):
+            total += i
+
+    def work() -> float:
+        return _timed(count)
+
+    alone = min(work() for _ in range(repeats))
+    stop = threading.Event()
+
+    def ops():
+        x = torch.zeros(8)
+        while not stop.is_set():
+            x = x + 1
+
+    worker = threading.Thread(target=ops)
+    worker.start()
+    try:
+        beside = min(work() for _ in range(repeats))
+    finally:
+        stop.set()
+        worker.join()
+    return beside / alone
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", type=int, default=500, help="small ops per decode (an eager codec decode: hundreds)")
@@ -89,6 +121,14 @@ def main() -> None:
         label = "main thread runs Python" + (f", an op every {every} iterations" if every else " only")
         rows[label] = with_main_busy(eager, every, args.repeats)
     rows["as one call, main thread runs Python only"] = with_main_busy(one_call, None, args.repeats)
+    default = sys.getswitchinterval()
+    main_cost = {}
+    for interval_ms in (5.0, 0.5, 0.2):
+        sys.setswitchinterval(interval_ms / 1000)
+        if interval_ms != 5.0:
+            rows[f"main thread runs Python only, switch interval {interval_ms} ms"] = with_main_busy(eager, None, args.repeats)
+        main_cost[f"{interval_ms} ms"] = round(main_python_beside_a_worker(args.repeats), 3)
+    sys.setswitchinterval(default)
     result = {
         "benchmark": "worker_lock",
         "command": "python " + " ".join(sys.argv),
@@ -98,9 +138,12 @@ def main() -> None:
         "torch": torch.__version__,
         "seconds": {k: round(v, 5) for k, v in rows.items()},
         "slowdown_vs_alone": {k: round(v / alone, 1) for k, v in rows.items()},
+        # the main thread's fixed Python work beside a worker making ops, over the same work alone
+        "main_python_slowdown_by_switch_interval": main_cost,
     }
     for label, seconds in rows.items():
-        print(f"{label:55s} {1e3 * seconds:9.1f} ms  ({seconds / alone:7.1f}x alone)")
+        print(f"{label:70s} {1e3 * seconds:9.1f} ms  ({seconds / alone:7.1f}x alone)")
+    print("the main thread's Python beside a worker making ops, by switch interval:", main_cost)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -16,6 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from speechctl.threads import prompt_workers
+
 
 class Prerender:
     """``render(audio, prompt)`` run ahead for up to ``depth`` windows at once."""
@@ -23,6 +25,7 @@ class Prerender:
     def __init__(self, render: Callable[[object, list[int]], object], depth: int):
         self._render = render
         self.depth = max(1, depth)
+        prompt_workers()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speechctl-asr-render")
         self._pending: OrderedDict[Hashable, Future] = OrderedDict()
         self.waited_s = 0.0  # main-thread time spent rendering or waiting for a render

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from speechctl.codecs.base import Codec
+from speechctl.threads import prompt_workers
 
 
 class DecodeQueue:
@@ -31,6 +32,8 @@ class DecodeQueue:
         """``thread``: decode on the worker thread (None: on CUDA only, where it overlaps)."""
         self.codec = codec
         thread = codec.device.type == "cuda" if thread is None else thread
+        if thread:
+            prompt_workers()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="speechctl-codec") if thread else None
         self._pending: deque[tuple[list, Future]] = deque()
         self._waiting: list[tuple[list[np.ndarray], Future]] = []  # submitted, not yet taken by the worker

@@ -28,6 +28,7 @@ import torch
 from speechctl.engine.runtime.sampling import gumbel_noise, sample_streams
 from speechctl.models.valle.nar import NarTransformer
 from speechctl.models.valle.prompts import NarInputs
+from speechctl.threads import prompt_workers
 
 
 @dataclass(eq=False)
@@ -61,6 +62,7 @@ class NarStage:
         self.stats = {"batches": 0, "utterances": 0, "largest_batch": 0, "busy_s": 0.0}
         self._thread = threading.Thread(target=self._loop, name="speechctl-nar", daemon=True) if threaded else None
         if self._thread is not None:
+            prompt_workers()
             self._thread.start()
 
     # -- the step loop's side: never waits ------------------------------------------------------

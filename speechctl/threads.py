@@ -1,0 +1,40 @@
+"""Worker threads beside the engine's step loop need Python's lock back promptly.
+
+speechctl runs vLLM's engine core in the caller's process and thread (``vllm_compat``), so the step
+loop's Python holds the interpreter's lock most of the time. A worker (the codec's decode, ASR's
+rendering, the NAR stage) gives the lock away at every PyTorch op and waits to take it back until
+the step loop reaches an op of its own or the interpreter forces a switch: every
+``sys.getswitchinterval()``, 5 ms by default. A decode of ten ops could so wait 50 ms.
+``benchmarks/worker_lock.py`` measures both sides on the CPU: the worker's ops at 5 ms and at a
+shorter interval, and what the shorter one costs the main thread's Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from speechctl.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+SWITCH_INTERVAL_ENV = "SPEECHCTL_SWITCH_INTERVAL_MS"
+DEFAULT_SWITCH_INTERVAL_MS = 0.5
+
+
+def prompt_workers() -> None:
+    """Lower Python's thread switch interval to ``SPEECHCTL_SWITCH_INTERVAL_MS`` (default 0.5 ms)
+    where it is longer, for the whole process: called where speechctl starts a worker thread
+    beside the step loop. A forced switch happens only while a thread waits for the lock, so
+    with no worker busy nothing changes. ``SPEECHCTL_SWITCH_INTERVAL_MS=0`` leaves it as it is."""
+    value = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    try:
+        ms = float(value) if value else DEFAULT_SWITCH_INTERVAL_MS
+    except ValueError:
+        ms = -1.0
+    if not ms >= 0:
+        raise InputError(f"{SWITCH_INTERVAL_ENV}={value!r}: give Python's thread switch interval in milliseconds (0: leave it)")
+    if ms and sys.getswitchinterval() > ms / 1000:
+        logger.debug("speechctl: Python's thread switch interval %.2f -> %.2f ms", 1000 * sys.getswitchinterval(), ms)
+        sys.setswitchinterval(ms / 1000)
