@@ -4,7 +4,7 @@ eager PyTorch would make hundreds. Two users: the engine's per-step work around 
 
 Why it matters beyond launch cost: a function launched op by op from a worker thread (the
 codec's) needs Python's lock back after every op, and while the engine's thread runs Python it
-gets it only when the interpreter forces a switch (every 5 ms): 500 small ops took 1.7 s so on a
+gets it only when the interpreter forces a switch (every 5 ms): 500 small ops took ~2 s so on a
 CPU, 1.4 ms alone (docs/benchmarks/stream.md, benchmarks/worker_lock.py). A replay is one op.
 
 Inputs are copied into static buffers of the bucket's size; rows past the live ones carry
