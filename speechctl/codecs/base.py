@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from speechctl.codecs.batching import PROBE_FRAMES, Context, frames_within, measure_context, pad_end, run_exact_batched
+from speechctl.codecs.batching import Context, bounded, frames_within, measure_context, pad_end, run_exact_batched
 from speechctl.graphs import StepGraphs
 
 logger = logging.getLogger(__name__)
@@ -47,8 +47,7 @@ def decode_graphs_enabled(codec: "Codec") -> bool:
     finite receptive field both ways, DAC and Higgs' tokenizer, or a causal one, Mimi; not
     EnCodec, whose left context is its whole input and whose right is not empty), unless
     ``SPEECHCTL_CODEC_GRAPHS=0``."""
-    left, right = codec.decode_context
-    shapeable = max(left, right) < PROBE_FRAMES[-1] or right == 0
+    shapeable = bounded(codec.decode_context) or codec.decode_context[1] == 0
     return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
 
 
@@ -221,8 +220,7 @@ class Codec(ABC):
         Every graph writes its waveforms into one buffer, so that the graphs' memory is their
         largest decode's, not the sum of their outputs."""
         left, right = self.decode_context
-        finite = max(left, right) < PROBE_FRAMES[-1]
-        self.graph_window = left + core + right if finite else None
+        self.graph_window = left + core + right if bounded(self.decode_context) else None
         longest = self.graph_window or GRAPH_FRAMES[-1]
         # (a non-causal call shorter than its context cannot be padded: it runs at its length)
         self._graph_lengths = sorted({n for n in GRAPH_FRAMES if n <= longest and (right == 0 or n >= left + right)}

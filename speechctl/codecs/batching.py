@@ -20,7 +20,15 @@ Context = tuple[int, int]
 BatchFn = Callable[[torch.Tensor], torch.Tensor]
 
 # Probe lengths (frames) tried in turn when measuring a receptive field.
-PROBE_FRAMES = (64, 256, 1024, 4096)
+_PROBE_FRAMES = (64, 256, 1024, 4096)
+# A receptive field side that is the whole input (a codec sets it where it does not measure:
+# attention or a recurrence over everything before); measured sides are at most 2048.
+UNBOUNDED = 1 << 40  # frames
+
+
+def bounded(context: Context) -> bool:
+    """Whether both sides of a receptive field are finite (windows of it are exact)."""
+    return max(context) < UNBOUNDED
 
 
 def run_exact_batched(
@@ -176,7 +184,7 @@ def measure_context(
     (zero padding inside the network) start at sub-frame offsets that whole-frame measurement
     can round away. A side measured as 0 (a causal model) stays 0.
     """
-    for frames in PROBE_FRAMES:
+    for frames in _PROBE_FRAMES:
         middle = frames // 2
         base, changed = make_probe(frames)
         with torch.no_grad():
@@ -192,7 +200,7 @@ def measure_context(
             left = last // out_per_frame - middle
             right = middle - first // out_per_frame
             return (left + margin if left > 0 else 0, right + margin if right > 0 else 0)
-    raise RuntimeError(f"receptive field wider than {PROBE_FRAMES[-1] // 2} frames")
+    raise RuntimeError(f"receptive field wider than {_PROBE_FRAMES[-1] // 2} frames")
 
 
 def pad_end(tensor: torch.Tensor, length: int) -> torch.Tensor:

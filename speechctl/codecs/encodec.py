@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from .base import DEFAULT_MAX_BATCH_FRAMES, Codec
-from .mimi import UNBOUNDED, checkpoint_tensors
+from .batching import UNBOUNDED
+from .mimi import checkpoint_tensors
 
 
 def load_encodec(path: str | Path):

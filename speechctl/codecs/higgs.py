@@ -18,9 +18,7 @@ from pathlib import Path
 import torch
 
 from .base import DEFAULT_MAX_BATCH_FRAMES, Codec
-from .batching import measure_context
-
-UNBOUNDED = 1 << 40  # frames: "the whole input" as a receptive field
+from .batching import UNBOUNDED, measure_context
 
 
 def tokenizer_model_class():

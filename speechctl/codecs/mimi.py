@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from .base import DEFAULT_MAX_BATCH_FRAMES, Codec
-
-UNBOUNDED = 1 << 40  # frames
+from .batching import UNBOUNDED
 
 
 def load_mimi(path: str | Path):

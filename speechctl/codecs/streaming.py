@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from speechctl.codecs.base import Codec
+from speechctl.codecs.batching import bounded
 
 
 @dataclass
@@ -117,7 +118,7 @@ class StreamingDecoder:
         (``Codec.record_decode_graphs``); a request's frames that come several chunks at once,
         or that end it short, make others. Where every window reaches back to frame 0 (Mimi's
         unbounded left context) each has its own length: its first four chunks'."""
-        if self.left > 4096:
+        if not bounded((self.left, self.right)):
             ends, end, size = [], 0, self.first_chunk
             for _ in range(4):
                 end += size
