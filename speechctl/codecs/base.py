@@ -222,9 +222,7 @@ class Codec(ABC):
         left, right = self.decode_context
         self.graph_window = left + core + right if bounded(self.decode_context) else None
         longest = self.graph_window or GRAPH_FRAMES[-1]
-        # (a non-causal call shorter than its context cannot be padded: it runs at its length)
-        self._graph_lengths = sorted({n for n in GRAPH_FRAMES if n <= longest and (right == 0 or n >= left + right)}
-                                     | {longest})
+        self._graph_lengths = sorted({n for n in GRAPH_FRAMES if n <= longest and self._paddable(n)} | {longest})
         most_rows = max(1, self.max_batch_frames // longest)
         sizes = [1 << i for i in range(most_rows.bit_length())] + [most_rows]
         self._graphs = StepGraphs(sizes, self.device, most=most)
@@ -262,8 +260,7 @@ class Codec(ABC):
         before, started = graphs.captured, time.perf_counter()
         longest = self._graph_lengths[-1]
         lengths = {n for n in frame_counts if n <= longest}
-        left, right = self.decode_context
-        self._graph_lengths = sorted(set(self._graph_lengths) | {n for n in lengths if right == 0 or n >= left + right})
+        self._graph_lengths = sorted(set(self._graph_lengths) | {n for n in lengths if self._paddable(n)})
         with self._on_own_stream(), torch.no_grad():
             for frames in sorted(lengths | {self.graph_window or longest}):
                 for size in graphs.sizes:
@@ -275,6 +272,12 @@ class Codec(ABC):
         logger.info("speechctl: %d decode graphs of %s recorded in %.1f s", graphs.captured - before,
                     type(self).__name__, time.perf_counter() - started)
         return graphs.captured - before
+
+    def _paddable(self, frames: int) -> bool:
+        """Whether a call may be padded up to ``frames`` (a non-causal call shorter than its
+        context cannot be: it runs at its own length, ``run_exact_batched``'s step 3)."""
+        left, right = self.decode_context
+        return right == 0 or frames >= left + right
 
     def _decode_on_device(self, codes: torch.Tensor) -> torch.Tensor:
         """``_decode_batch`` through the decode graphs where one fits, else eagerly. A graph's
