@@ -20,20 +20,28 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def number_setting(name: str, valid, meaning: str) -> float | None:
+    """The number in environment variable ``name`` (None where unset or blank); a value that is
+    not a number or fails ``valid`` is a one-line error saying what to give (``meaning``)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not valid(number):
+        raise InputError(f"{name}={value!r}: give {meaning}")
+    return number
+
+
 def gpu_memory_share(default: float | None = None) -> float | None:
     """The share of the GPU's memory (0-1] an engine takes: ``SPEECHCTL_GPU_MEMORY`` where set, for
     a GPU that another process uses too (a trainer, another server: vLLM refuses to start unless
     its whole share is free), else ``default``."""
-    value = os.environ.get(GPU_MEMORY_ENV, "").strip()
-    if not value:
-        return default
-    try:
-        share = float(value)
-    except ValueError:
-        share = 0.0
-    if not 0 < share <= 1:
-        raise InputError(f"{GPU_MEMORY_ENV}={value!r}: give the share of the GPU's memory an engine may take, a number in (0, 1]")
-    return share
+    share = number_setting(GPU_MEMORY_ENV, lambda x: 0 < x <= 1,
+                           "the share of the GPU's memory an engine may take, a number in (0, 1]")
+    return default if share is None else share
 
 
 def codec_memory_budget(free_bytes: int) -> int:
@@ -41,15 +49,9 @@ def codec_memory_budget(free_bytes: int) -> int:
     where set, else the smaller of 4 GiB and half of what is free when the codec loads (a codec
     loaded beside a running engine gets what the engine left; the engine's share is of the whole
     GPU, so a codec loaded first must not take more than the default leaves)."""
-    value = os.environ.get(CODEC_MEMORY_ENV, "").strip()
-    if not value:
+    gib = number_setting(CODEC_MEMORY_ENV, lambda x: x > 0, "the GPU memory one codec call may take, in GiB (a positive number)")
+    if gib is None:
         return int(min(DEFAULT_CODEC_MEMORY_GIB * 2**30, free_bytes / 2))
-    try:
-        gib = float(value)
-    except ValueError:
-        gib = 0.0
-    if not gib > 0:
-        raise InputError(f"{CODEC_MEMORY_ENV}={value!r}: give the GPU memory one codec call may take, in GiB (a positive number)")
     return int(gib * 2**30)
 
 

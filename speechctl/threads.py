@@ -12,10 +12,9 @@ shorter interval, and what the shorter one costs the main thread's Python.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from speechctl.errors import InputError
+from speechctl.accelerator import number_setting
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +27,8 @@ def prompt_workers() -> None:
     where it is longer, for the whole process: called where speechctl starts a worker thread
     beside the step loop. A forced switch happens only while a thread waits for the lock, so
     with no worker busy nothing changes. ``SPEECHCTL_SWITCH_INTERVAL_MS=0`` leaves it as it is."""
-    value = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
-    try:
-        ms = float(value) if value else DEFAULT_SWITCH_INTERVAL_MS
-    except ValueError:
-        ms = -1.0
-    if not ms >= 0:
-        raise InputError(f"{SWITCH_INTERVAL_ENV}={value!r}: give Python's thread switch interval in milliseconds (0: leave it)")
+    ms = number_setting(SWITCH_INTERVAL_ENV, lambda x: x >= 0, "Python's thread switch interval in milliseconds (0: leave it)")
+    ms = DEFAULT_SWITCH_INTERVAL_MS if ms is None else ms
     if ms and sys.getswitchinterval() > ms / 1000:
         logger.debug("speechctl: Python's thread switch interval %.2f -> %.2f ms", 1000 * sys.getswitchinterval(), ms)
         sys.setswitchinterval(ms / 1000)
