@@ -43,8 +43,8 @@ def _timed(work) -> float:
 
 
 def with_main_busy(work, op_every: int | None, repeats: int) -> float:
-    """Fastest of ``repeats`` runs of ``work`` on a worker while this thread runs Python, with a
-    small op every ``op_every`` iterations (None: never)."""
+    """Fastest of ``repeats`` runs of ``work`` on a worker while another thread (the step loop's
+    stand-in) runs Python, with a small op every ``op_every`` iterations (None: never)."""
     stop = threading.Event()
     results = []
 
@@ -75,10 +75,7 @@ def main_python_beside_a_worker(repeats: int, iterations: int = 3_000_000) -> fl
         for i in range(iterations):
             total += i
 
-    def work() -> float:
-        return _timed(count)
-
-    alone = min(work() for _ in range(repeats))
+    alone = min(_timed(count) for _ in range(repeats))
     stop = threading.Event()
 
     def ops():
@@ -89,7 +86,7 @@ def main_python_beside_a_worker(repeats: int, iterations: int = 3_000_000) -> fl
     worker = threading.Thread(target=ops)
     worker.start()
     try:
-        beside = min(work() for _ in range(repeats))
+        beside = min(_timed(count) for _ in range(repeats))
     finally:
         stop.set()
         worker.join()

@@ -26,6 +26,7 @@ from speechctl.engine.params import Guidance, Sampling
 from speechctl.errors import EngineError
 from speechctl.jobs import TtsJob
 
+FIRST_CHUNK = 2  # frames of a streamed request's first chunk
 FRAMES_PER_WORD = 6  # ~0.24 s of speech per word at 25 frames/s
 WORDS = ("the quick brown fox jumps over a lazy dog while seven birds sing near old stone walls "
          "and rivers run under bright cold skies far from any town").split()
@@ -58,7 +59,7 @@ def uniform(jobs: list[tuple[TtsJob, bool]]) -> list[tuple[TtsJob, bool]]:
             for job, stream in jobs]
 
 
-def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = 2) -> tuple[dict, dict]:
+def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = FIRST_CHUNK) -> tuple[dict, dict]:
     """Submit each job at its arrival time (seconds from now) and step the engine until all are
     done; per job: arrival, first audio, last audio (times from the start), audio seconds; and
     where the steps' time went (``SpeechStreamer.seconds``)."""
@@ -155,7 +156,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     drive(speech, warm, [0.0] * len(warm))  # warm-up: compiles, graphs, allocator
     # the codec's graphs of every batch size (the streamer records those up to 64 rows), so that
     # a saturated round's large batches do not record theirs in it
-    speech.codec.record_decode_graphs(StreamingDecoder(speech.codec, first_chunk=2).window_lengths(), most_rows=1 << 20)
+    speech.codec.record_decode_graphs(StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK).window_lengths(), most_rows=1 << 20)
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
     mean_audio = float(np.mean([j.max_seconds for j, _ in jobs]))
     captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
