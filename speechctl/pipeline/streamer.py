@@ -88,8 +88,7 @@ class SpeechStreamer:
         self.speech = speech
         self.engine = speech.engine
         self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
-        if speech.codec.decode_graphs is not None:  # its decode graphs, before a first chunk waits for one
-            speech.codec.record_decode_graphs(self.decoder.window_lengths())
+        speech.codec.record_decode_graphs(self.decoder.window_lengths())  # (CUDA) before a first chunk waits for one
         self._decodes = DecodeQueue(speech.codec, thread=decode_thread)
         self._in_flight: deque[_Decoding] = deque()
         self._live: dict[str, _Live] = {}
