@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from speechctl.accelerator import number_setting
 
@@ -32,3 +33,9 @@ def prompt_workers() -> None:
     if ms and sys.getswitchinterval() > ms / 1000:
         logger.debug("speechctl: Python's thread switch interval %.2f -> %.2f ms", 1000 * sys.getswitchinterval(), ms)
         sys.setswitchinterval(ms / 1000)
+
+
+def worker_pool(name: str) -> ThreadPoolExecutor:
+    """One worker thread beside the step loop (named ``name``), the switch interval lowered for it."""
+    prompt_workers()
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
-from speechctl.threads import prompt_workers
+from speechctl.threads import worker_pool
 
 
 class Prerender:
@@ -25,8 +25,7 @@ class Prerender:
     def __init__(self, render: Callable[[object, list[int]], object], depth: int):
         self._render = render
         self.depth = max(1, depth)
-        prompt_workers()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speechctl-asr-render")
+        self._pool = worker_pool("speechctl-asr-render")
         self._pending: OrderedDict[Hashable, Future] = OrderedDict()
         self.waited_s = 0.0  # main-thread time spent rendering or waiting for a render
         self.rendered_ahead = 0

@@ -19,12 +19,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 
 from speechctl.codecs.base import Codec
-from speechctl.threads import prompt_workers
+from speechctl.threads import worker_pool
 
 
 class DecodeQueue:
@@ -32,9 +32,7 @@ class DecodeQueue:
         """``thread``: decode on the worker thread (None: on CUDA only, where it overlaps)."""
         self.codec = codec
         thread = codec.device.type == "cuda" if thread is None else thread
-        if thread:
-            prompt_workers()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="speechctl-codec") if thread else None
+        self._pool = worker_pool("speechctl-codec") if thread else None
         self._pending: deque[tuple[list, Future]] = deque()
         self._waiting: list[tuple[list[np.ndarray], Future]] = []  # submitted, not yet taken by the worker
         self._lock = threading.Lock()
