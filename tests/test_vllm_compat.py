@@ -580,6 +580,24 @@ def test_scheduler_exposes_kv_groups_and_encoder_budget():
     assert "num_encoder_tokens" in inspect.signature(KVCacheManager.allocate_slots).parameters
 
 
+def test_a_decode_steps_allocation_fails_only_for_lack_of_free_blocks():
+    """The pair scheduler lets vLLM allocate a plain decode step itself when nothing waits and
+    the free blocks hold one per running request and group (pairs.py, _plain_decode_step): that
+    is sound while the admission headroom (watermark, blocks reserved for in-flight prefills) is
+    kept from waiting requests only, and while the waiting count covers every waiting queue."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    allocate = inspect.getsource(KVCacheManager.allocate_slots)
+    if "watermark" in allocate:
+        assert "RequestStatus.WAITING" in allocate and "RequestStatus.PREEMPTED" in allocate
+    assert "get_num_free_blocks()" in allocate
+    counts = inspect.getsource(Scheduler.get_request_counts)
+    queues = [name for name in ("skipped_waiting", "kv_holding_waiting") if f"self.{name}" in inspect.getsource(Scheduler)]
+    assert queues and all(name in counts for name in queues), (queues, counts)
+    assert "len(self.waiting)" in counts
+
+
 def test_encoder_decoder_processor_takes_our_decoder_start():
     """speechctl's decoder prompts begin with their start frame; vLLM still asks the config for a
     decoder start token (Family.hf_overrides) and prepends it unless told not to."""

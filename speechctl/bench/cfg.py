@@ -46,6 +46,7 @@ def run_cfg_bench(
             row = {"concurrency": count, "frames": frames}
             for mode, per, guidance in modes:
                 clock.reset()
+                before = bench.engine.stats()
                 times = [bench.timed(per * count, guidance) for _ in range(repeats)]
                 seconds = statistics.median(times)
                 host = clock.per_step_ms()
@@ -55,6 +56,10 @@ def run_cfg_bench(
                 row[f"{mode}_seconds"] = round(seconds, 4)
                 row[f"{mode}_runs_s"] = [round(t, 4) for t in times]
                 row[f"{mode}_frames_per_s"] = round(per * count * frames / seconds, 1)
+                if guidance.enabled:  # how the pair scheduler allocated the timed steps
+                    after = bench.engine.stats()
+                    for name in ("pair_steps_plain", "pair_steps_checked"):
+                        row[f"{mode}_{name}"] = after[name] - before[name]
             row["cfg_ratio"] = round(row["cfg_frames_per_s"] / row["plain_frames_per_s"], 3)
             row["cfg_limit"] = round(row["plain_2c_frames_per_s"] / 2 / row["plain_frames_per_s"], 3)  # R(2c)/2 / R(c)
             row["cfg_efficiency"] = round(row["cfg_frames_per_s"] / (row["plain_2c_frames_per_s"] / 2), 3)

@@ -236,9 +236,12 @@ class SpeechEngine:
             yield from outputs
 
     def stats(self) -> dict[str, int]:
-        """Counters: live stream slots, resumptions after preemption, CFG pairs out of step."""
+        """Counters: live stream slots, resumptions after preemption, CFG pairs out of step, and
+        the steps with pairs that the pair scheduler left to vLLM's own allocation or checked
+        request by request."""
         scheduler = vllm_compat.engine_scheduler(self._vllm)
-        return {**self._rpc("stats"), "pair_violations": getattr(scheduler, "pair_violations", 0)}
+        pairs = {name: getattr(scheduler, name, 0) for name in ("pair_violations", "pair_steps_plain", "pair_steps_checked")}
+        return {**self._rpc("stats"), **pairs}
 
     def scheduler(self):
         """vLLM's scheduler of this engine (speechctl's pair scheduler where CFG pairs run); for

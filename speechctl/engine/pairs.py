@@ -58,6 +58,8 @@ class PairScheduling:
         self._known = (-1, -1)  # (requests held, requests added) when finished pairs were last forgotten
         self._ordered_running: list = []
         self.pair_violations = 0
+        self.pair_steps_plain = 0  # steps with pairs that vLLM allocated alone (_plain_decode_step)
+        self.pair_steps_checked = 0  # and those allocated request by request (_allocate)
         self.strict_pairs = os.environ.get("SPEECHCTL_STRICT_PAIRS") == "1"
         # vLLM's allocation, and ours for the steps that schedule pairs (swapped in by schedule();
         # unpaired steps call vLLM's directly: no extra frames per request)
@@ -116,6 +118,18 @@ class PairScheduling:
             if self.waiting or self.running != self._ordered_running:  # list == compares by identity first: C speed
                 self._order_pairs()
                 self._ordered_running = list(self.running)
+        if self._plain_decode_step():
+            # vLLM's own allocation cannot split a pair in this step: skip the per-request checks
+            # (the pair scheduler's host cost per pair, issue 21 item 4) unless it did not
+            # schedule every running request after all.
+            running = len(self.running)
+            self.pair_steps_plain += 1
+            output = super().schedule(*args, **kwargs)
+            if self.strict_pairs or len(output.num_scheduled_tokens) != running or output.preempted_req_ids:
+                self._preempt_orphans(output)
+                self._check_pairs(output)
+            return output
+        self.pair_steps_checked += 1
         self._step = {"budget": self.max_num_scheduled_tokens, "scheduled": {}, "preempted": set(), "encoder": 0}
         with self._allocation.replaced_by(self._paired_allocate):
             try:
@@ -125,6 +139,21 @@ class PairScheduling:
         self._preempt_orphans(output)
         self._check_pairs(output)
         return output
+
+    def _plain_decode_step(self) -> bool:
+        """Whether this step is one in which vLLM schedules every running request, one token
+        each, and admits none: nothing waits, each running request computes one token, the budget
+        holds them all and the free KV blocks hold a new block per request and decoder group (the
+        most one token needs, without speculative decoding). Neither of the ways a pair splits
+        (module doc) can happen then."""
+        running = self.running
+        if not running or vllm_compat.waiting_requests(self):
+            return False
+        if len(running) > self.max_num_scheduled_tokens:
+            return False
+        if vllm_compat.free_kv_blocks(self) < len(running) * self._room.decoder_groups:
+            return False
+        return all(vllm_compat.uncomputed_tokens(r) == 1 for r in running)
 
     def _order_pairs(self) -> None:
         self.running[:] = self._adjacent(self.running, pairs_first=True)

@@ -507,6 +507,12 @@ def hash_prompt_blocks_only(request) -> None:
     request._block_hasher = None
 
 
+def waiting_requests(scheduler) -> int:
+    """Requests waiting to be admitted or resumed, in every queue the scheduler keeps them in
+    (0.26: ``waiting`` and ``skipped_waiting``; 0.32: ``waiting`` and ``kv_holding_waiting``)."""
+    return scheduler.get_request_counts()[1]
+
+
 def free_kv_blocks(scheduler) -> int:
     return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
