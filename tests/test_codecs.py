@@ -9,6 +9,7 @@ for equality.
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -498,6 +499,7 @@ def test_decode_graphs_on_cuda_give_the_eager_decode(dac_path, monkeypatch):
     shape, and a streamed request's windows meet only a few shapes."""
     from speechctl.codecs.streaming import StreamingDecoder
 
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "1")
     fast = load_codec(dac_path, device="cuda")
     assert fast.decode_graphs == f"windows of {fast.graph_window} frames"
     monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
@@ -532,6 +534,7 @@ def test_the_families_codecs_record_their_decode_graphs_on_cuda(family, tmp_path
         from speechctl.models.higgs.checkpoint import HiggsRecipe, create_higgs_checkpoint
 
         path = create_higgs_checkpoint(tmp_path / "m", HiggsRecipe()) / "audio_tokenizer"
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "1")
     fast = load_codec(path, device="cuda")
     monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
     eager = load_codec(path, device="cuda")
@@ -541,6 +544,45 @@ def test_the_families_codecs_record_their_decode_graphs_on_cuda(family, tmp_path
         for waveform, reference in zip(fast.decode(codes), eager.decode(codes)):
             np.testing.assert_allclose(waveform, reference, rtol=0, atol=5e-3)
     assert fast.decode_graphs is not None and fast.decode_graphs_recorded > 0
+
+
+def test_codec_graphs_are_off_unless_asked_for(dac_path, monkeypatch):
+    """Decode graphs wait for their CUDA tests to pass on a GPU (decode_graphs_enabled): on CUDA
+    only with SPEECHCTL_CODEC_GRAPHS=1, never on the CPU."""
+    from speechctl.codecs.base import decode_graphs_enabled
+
+    codec = load_codec(dac_path)
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"), decode_context=codec.decode_context)
+    monkeypatch.delenv("SPEECHCTL_CODEC_GRAPHS", raising=False)
+    assert not decode_graphs_enabled(on_cuda) and not decode_graphs_enabled(codec)
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "1")
+    assert decode_graphs_enabled(on_cuda) and not decode_graphs_enabled(codec)
+
+
+def test_mimi_and_encodec_keep_their_conv_padding_on_the_host(tmp_path):
+    """transformers' Mimi and EnCodec convolutions turn scalar buffers into F.pad's Python ints:
+    on the GPU a host sync per convolution, which also breaks a CUDA graph capture (H200,
+    thirtieth session). Their codecs keep those scalars on the CPU wherever the model runs, and
+    decode as before."""
+    from transformers import EncodecConfig, EncodecModel
+
+    from speechctl.codecs.base import keep_conv_padding_on_host
+    from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint
+
+    from speechctl.codecs.mimi import load_mimi
+
+    path = create_csm_checkpoint(tmp_path / "csm", CsmRecipe())
+    mimi = load_codec(path)
+    convs = [m for m in mimi.model.modules() if type(m).__name__ == "MimiConv1d"]
+    assert convs and keep_conv_padding_on_host(mimi.model) == len(convs)
+    assert all(m.stride.device.type == "cpu" and m.padding_total.device.type == "cpu" for m in convs)
+    codes = np.random.default_rng(4).integers(0, mimi.codebook_size, (1, mimi.num_codebooks, 9))
+    with torch.no_grad():
+        untouched = load_mimi(path).eval().decode(torch.from_numpy(codes)).audio_values[0, 0].numpy()
+    np.testing.assert_allclose(mimi.decode([codes[0]])[0], untouched, rtol=0, atol=1e-6)
+    encodec = EncodecModel(EncodecConfig(num_filters=4, upsampling_ratios=[2, 2], codebook_size=16, hidden_size=8,
+                                         num_lstm_layers=1, target_bandwidths=[1.5]))
+    assert keep_conv_padding_on_host(encodec) == sum(type(m).__name__ == "EncodecConv1d" for m in encodec.modules()) > 0
 
 
 def test_a_causal_codec_pads_its_calls_to_few_lengths_for_its_graphs(tmp_path, monkeypatch):

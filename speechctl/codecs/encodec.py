@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import DEFAULT_MAX_BATCH_FRAMES, Codec
+from .base import DEFAULT_MAX_BATCH_FRAMES, Codec, keep_conv_padding_on_host
 from .batching import UNBOUNDED
 from .mimi import checkpoint_tensors
 
@@ -61,6 +61,7 @@ class EncodecCodec(Codec):
         super().__init__(sample_rate=config.sampling_rate, hop_length=hop_length, num_codebooks=num_codebooks,
                          codebook_size=config.codebook_size, device=device, max_batch_frames=max_batch_frames)
         self.model = model.to(device=self.device, dtype=torch.float32).eval().requires_grad_(False)
+        keep_conv_padding_on_host(self.model)
         self.decode_context = (UNBOUNDED, self._right_context(self._decode_output, self.hop_length))
         self.encode_context = (UNBOUNDED, self._right_context(self._encoder_features, 1, encode=True))
 

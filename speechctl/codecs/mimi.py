@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .base import DEFAULT_MAX_BATCH_FRAMES, Codec
+from .base import DEFAULT_MAX_BATCH_FRAMES, Codec, keep_conv_padding_on_host
 from .batching import UNBOUNDED
 
 
@@ -78,6 +78,7 @@ class MimiCodec(Codec):
             max_batch_frames=max_batch_frames,
         )
         self.model = model.to(device=self.device, dtype=torch.float32).eval().requires_grad_(False)
+        keep_conv_padding_on_host(self.model)
         self.decode_context = (UNBOUNDED, 0)
         self.encode_context = (UNBOUNDED, 0)
 
