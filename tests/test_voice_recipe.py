@@ -991,6 +991,49 @@ def test_lm_batch_is_what_the_engine_feeds(lm_parts):
         assert not batch["weight"][i, end:].any()
 
 
+def test_a_dropped_text_is_the_engines_unconditional_prompt(lm_parts):
+    """text_dropout trains rows whose prompt is what speechctl's CFG pair gives the
+    unconditional member (MultiStreamPrompts.unconditional), with the same audio targets and no
+    text for the guided attention to read; the rows dropped are a function of (seed, step)."""
+    from dataclasses import replace as replaced
+
+    from transformers import AutoTokenizer
+
+    from speechctl.engine.params import Guidance
+    from speechctl.engine.streams import StreamSpec
+    from speechctl.models.generic.prompts import MultiStreamPrompts
+
+    trainer, model_dir = lm_parts
+    spec = StreamSpec.from_dict(json.loads((model_dir / "config.json").read_text())["speechctl"])
+    prompts = MultiStreamPrompts(spec, AutoTokenizer.from_pretrained(model_dir))
+    examples, L = trainer.train_set, 64
+    ids = torch.arange(len(ITEMS))
+    dropped = torch.tensor([i % 2 == 1 for i in range(len(ITEMS))])
+    plain, batch = examples.batch(ids, L), examples.batch(ids, L, dropped)
+    for i in range(len(ITEMS)):
+        request = prompts.tts(examples.text[i], guidance=Guidance(scale=2.0))
+        P = len(request.prompt_ids)
+        expected = request.uncond_prompt_ids if dropped[i] else request.prompt_ids
+        assert batch["primary"][i, :P].tolist() == expected
+        assert batch["primary"][i, P:].tolist() == plain["primary"][i, P:].tolist()
+    for name in ("aux", "target", "weight"):
+        assert torch.equal(batch[name], plain[name]), name
+    if "gold" in batch:
+        assert (batch["gold"][dropped] < 0).all() and torch.equal(batch["gold"][~dropped], plain["gold"][~dropped])
+
+    assert trainer._dropped(8) is None  # off by default
+    saved = trainer.cfg, trainer.step  # (the trainer is the module's)
+    try:
+        trainer.cfg = replaced(trainer.cfg, text_dropout=0.5)
+        trainer.step = 7
+        first = trainer._dropped(64)
+        assert torch.equal(first, trainer._dropped(64)) and 8 < int(first.sum()) < 56
+        trainer.step = 8
+        assert not torch.equal(first, trainer._dropped(64))
+    finally:
+        trainer.cfg, trainer.step = saved
+
+
 def test_lm_logits_match_the_reference_on_the_exported_checkpoint(lm_parts):
     """Teacher-forced logits of the training model = tests/reference.py's model reading the
     exported checkpoint, position by position; the reference accepts the target layout as the
@@ -1043,15 +1086,18 @@ def test_export_is_speechctls_layout(lm_parts):
 def test_round_trip_table_hears_the_synthesizer_and_runs_the_voice(lm_parts, tmp_path):
     """``eval-voice`` (issue 20's table) on a tiny exported voice: espeak-ng's own held-out audio
     is transcribed well by Whisper (the table measures something), its codec reconstruction and
-    the (random) voice get rows of their own, one per sampling setting; the files are written."""
+    the (random) voice get rows of their own, one per sampling setting (one with classifier-free
+    guidance: pairs through the engine; at scale 0 the unconditional member's logits alone, which
+    differ from the text's even for a random voice); the files are written."""
     from recipes.voice.evaluate import eval_voice
 
     _, model_dir = lm_parts
-    report = eval_voice(model_dir, tmp_path / "data", tmp_path / "out", limit=2, samplings=((0.8, 5), (0.0, 1)),
+    report = eval_voice(model_dir, tmp_path / "data", tmp_path / "out", limit=2, samplings=((0.8, 5), (0.0, 1), (0.0, 1, 0.0)),
                         keep_wavs=1, command="python -m recipes.voice eval-voice ...")
     rows = report["rows"]
     assert [r["audio"].split(",")[0] for r in rows] == [
-        "espeak-ng (the training synthesizer)", "espeak-ng through the voice's codec", "speechctl's voice", "speechctl's voice"]
+        "espeak-ng (the training synthesizer)", "espeak-ng through the voice's codec"] + ["speechctl's voice"] * 3
+    assert rows[4]["audio"].endswith(", CFG 0") and rows[4]["cfg_scale"] == 0.0 and rows[3]["cfg_scale"] == 1.0
     # "The quick brown fox ..." and "Hello world." as espeak-ng says them: tiny.en hears the fox
     # and may hear "Hello world." as "The Lord World." (2-3 errors of 11 words; a table that
     # measured nothing would read most words wrong)
@@ -1059,7 +1105,8 @@ def test_round_trip_table_hears_the_synthesizer_and_runs_the_voice(lm_parts, tmp
     assert all(r["wer"] >= 0 for r in rows) and rows[2]["seconds_of_audio"] > 0
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| speechctl's voice, temperature 0, top-k 1 |" in table and "eval-voice" in table
-    assert (tmp_path / "out" / "000-voice-t0.8-k5.wav").is_file()
+    greedy, guided = ((tmp_path / "out" / f"000-voice-t0-k1{name}.wav").read_bytes() for name in ("", "-cfg0"))
+    assert (tmp_path / "out" / "000-voice-t0.8-k5.wav").is_file() and greedy != guided  # the guidance was applied
 
 
 def test_the_lm_learns_to_read_its_text(tmp_path):

@@ -8,6 +8,19 @@ import sys
 from pathlib import Path
 
 
+
+def sampling_row(item: str) -> tuple:
+    """``TEMPERATURE:TOP_K[:CFG]`` -> (temperature, top_k[, cfg scale]); a bad one exits with a
+    line naming it."""
+    parts = item.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError
+        return (float(parts[0]), int(parts[1]), *(float(c) for c in parts[2:]))
+    except ValueError:
+        raise SystemExit(f"--sampling {item!r}: expected TEMPERATURE:TOP_K or TEMPERATURE:TOP_K:CFG, e.g. 0.6:20:2")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.voice", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -99,8 +112,9 @@ def main(argv=None) -> None:
                    help="a data directory; made (the held-out sentences only) when it has none")
     q.add_argument("--out", required=True)
     q.add_argument("--limit", type=int, default=40)
-    q.add_argument("--sampling", action="append", default=None, metavar="TEMPERATURE:TOP_K",
-                   help="a row of the voice per setting (repeatable; default 0.8:50)")
+    q.add_argument("--sampling", action="append", default=None, metavar="TEMPERATURE:TOP_K[:CFG]",
+                   help="a row of the voice per setting, CFG its classifier-free guidance scale (default 1: "
+                        "off; the LM must have trained with lm_train.text_dropout) (repeatable; default 0.8:50)")
     q.add_argument("--seed", type=int, default=1234)
     q.add_argument("--asr", default="whisper-tiny.en")
 
@@ -208,7 +222,7 @@ def main(argv=None) -> None:
 
         from recipes.voice.evaluate import eval_voice
 
-        samplings = [(float(t), int(k)) for t, k in (item.split(":") for item in args.sampling or ["0.8:50"])]
+        samplings = [sampling_row(item) for item in args.sampling or ["0.8:50"]]
         command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
         eval_voice(Path(args.model), Path(args.data), Path(args.out), args.limit, samplings, args.seed, args.asr,
                    command=command)

@@ -204,6 +204,11 @@ class LMTrain:
     # start + ramp has the whole weight from its first step, as before these settings.
     align_start: int = 1000
     align_ramp: int = 1000
+    # Share of training utterances whose condition (BOS, task, text) is dropped to PAD, as
+    # speechctl builds a CFG pair's unconditional prompt (``MultiStreamPrompts.unconditional``):
+    # the LM then also knows speech without text, which classifier-free guidance (``--cfg``)
+    # pushes its reading away from. 0: off, as the kept models were trained.
+    text_dropout: float = 0.0
     bf16: bool = True
     compile: bool = False  # torch.compile the loss (model included); eager is safe, batches are large
     log_every: int = 50

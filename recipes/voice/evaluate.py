@@ -117,13 +117,14 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
     """Issue 20's round-trip table on the first ``limit`` held-out sentences: Whisper's WER on
     espeak-ng's audio, on the exported voice's codec reconstruction of that audio, and on the voice
     saying the sentences through speechctl's API (``Speech(model_dir)``), one row per sampling
-    setting (temperature, top-k; one seed per sentence) — the one to ship is the best row. Writes
+    setting (temperature, top-k and, where a third value is given, the classifier-free guidance
+    scale; one seed per sentence) — the one to ship is the best row. Writes
     report.json, transcripts.json, table.md (with ``command``) and a few wavs to ``out``."""
     import soundfile as sf
 
     from recipes.voice.config import Recipe
     from speechctl.api import Speech, TtsJob, load_asr
-    from speechctl.engine.params import Sampling
+    from speechctl.engine.params import Guidance, Sampling
 
     model_dir, out = Path(model_dir), Path(out)
     recipe = Recipe.from_dict(json.loads((model_dir / "speechctl.json").read_text())["recipe"])
@@ -140,18 +141,21 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
                  "snr_db_mean": round(float(np.mean(snrs)), 2)}]
         speech = Speech(model_dir)
         rate = speech.sample_rate
-        for temperature, top_k in samplings:
-            jobs = [TtsJob(id=str(i), text=t, audio_sampling=Sampling(temperature, top_k), seed=seed + i)
-                    for i, t in enumerate(texts)]
+        for temperature, top_k, *guided in samplings:
+            scale = guided[0] if guided else 1.0
+            jobs = [TtsJob(id=str(i), text=t, audio_sampling=Sampling(temperature, top_k), seed=seed + i,
+                           guidance=Guidance(scale=scale)) for i, t in enumerate(texts)]
+            cfg, named = (f", CFG {scale:g}", f"-cfg{scale:g}") if scale != 1.0 else ("", "")
             results = {r.id: r for r in speech.run(jobs)}
             failed = [r.error for r in results.values() if r.error]
             if failed:
                 raise RuntimeError(f"the voice failed on {len(failed)} sentences: {failed[0]}")
             waves = [results[str(i)].audio for i in range(n)]
             for i in range(min(keep_wavs, n)):
-                sf.write(out / f"{i:03d}-voice-t{temperature:g}-k{top_k}.wav", waves[i], rate)
-            rows.append({"audio": f"speechctl's voice, temperature {temperature:g}, top-k {top_k}",
-                         "temperature": temperature, "top_k": top_k, "hyps": transcribe(waves, whisper, rate),
+                sf.write(out / f"{i:03d}-voice-t{temperature:g}-k{top_k}{named}.wav", waves[i], rate)
+            rows.append({"audio": f"speechctl's voice, temperature {temperature:g}, top-k {top_k}{cfg}",
+                         "temperature": temperature, "top_k": top_k, "cfg_scale": scale,
+                         "hyps": transcribe(waves, whisper, rate),
                          "seconds_of_audio": round(sum(len(w) for w in waves) / rate, 1)})
     finally:
         if speech is not None:

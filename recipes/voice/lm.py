@@ -143,9 +143,10 @@ class Examples:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, ids: torch.Tensor, length: int) -> dict[str, torch.Tensor]:
+    def batch(self, ids: torch.Tensor, length: int, unconditional: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Utterances ``ids`` [B] right-padded to ``length`` positions: ``primary`` [B, L],
-        ``aux`` [B, L, K] (inputs), ``target`` [B, L, K], ``weight`` [B, L, K] (bool)."""
+        ``aux`` [B, L, K] (inputs), ``target`` [B, L, K], ``weight`` [B, L, K] (bool);
+        ``unconditional`` [B] (bool): those rows with their condition dropped (``text_dropout``)."""
         lay = self.layout
         j = torch.arange(length, device=self.device)[None, :]  # [1, L]
         n = self.text_len[ids][:, None]
@@ -159,6 +160,8 @@ class Examples:
         primary = torch.where((j >= 2) & (j < P - 1), text_at, primary)
         primary = torch.where(j == 1, lay.tts, primary)
         primary = torch.where(j == 0, lay.bos, primary)
+        if unconditional is not None:  # [PAD] * (P - 1) + [audio BOS], the engine's CFG partner
+            primary = torch.where(unconditional[:, None] & (j < P - 1), lay.pad, primary)
 
         start = self.code_start[ids][:, None, None]  # [B, 1, 1]
         d = self.delays[None, None, :]  # [1, 1, K]
@@ -185,6 +188,8 @@ class Examples:
             at = (self.code_start[ids][:, None] + frame.clamp(min=0)).clamp(max=self.spans.shape[0] - 1)
             span = self.spans[at].to(torch.int64) + 2  # text byte c sits at position 2 + c
             has = (frame >= 0) & (frame < T) & (j < end) & (span[..., 1] > span[..., 0])
+            if unconditional is not None:  # no text to read
+                has = has & ~unconditional[:, None]
             batch["gold"] = torch.where(has[..., None], span, -1)
         return batch
 
@@ -387,7 +392,7 @@ class LMTrainer:
                 self.epoch, self.position = self.epoch + 1, 0
                 batches = self.train_set.epoch(cfg.batch_tokens, cfg.seed, self.epoch)
             ids, length = batches[self.position]
-            batch = self.train_set.batch(torch.from_numpy(ids).to(self.device), length)
+            batch = self.train_set.batch(torch.from_numpy(ids).to(self.device), length, self._dropped(len(ids)))
             lr = cfg.lr * schedule.factor(self.step)
             for group in self.opt.param_groups:
                 group["lr"] = lr
@@ -421,6 +426,14 @@ class LMTrainer:
         if not self.history or "heldout_loss" not in self.history[-1]:
             self.history.append({"step": self.step, **self.evaluate()})
         self.log(f"lm: stopped at step {self.step} (epoch {self.epoch}), held out {self.history[-1]}")
+
+    def _dropped(self, rows: int) -> torch.Tensor | None:
+        """Which of this step's ``rows`` train without their text (``text_dropout``): a pure
+        function of (seed, step), so a resumed run draws what an unbroken one would."""
+        if self.cfg.text_dropout <= 0:
+            return None
+        draw = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.step)
+        return (torch.rand(rows, generator=draw) < self.cfg.text_dropout).to(self.device)
 
     def _log_row(self, mean: torch.Tensor, lr: float, tokens: int, seconds: float) -> None:
         K = self.layout.K
