@@ -204,8 +204,9 @@ class Speech:
 
     @property
     def max_piece_chars(self) -> int:
-        """The longest piece of text one request speaks (longer texts are cut: speechctl.text)."""
-        return MAX_PIECE_CHARS
+        """The longest piece of text one request speaks (longer texts are cut: speechctl.text):
+        the checkpoint's own where it sets one."""
+        return self.checkpoint.defaults.max_piece_chars or MAX_PIECE_CHARS
 
     def _finish(self, outputs, decodes) -> Iterator[Result]:
         """Results that need no codec (ASR, failures); the step's finished TTS audio goes to

@@ -10,6 +10,7 @@ import math
 import shutil
 import subprocess
 import sys
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -1076,9 +1077,32 @@ def test_export_is_speechctls_layout(lm_parts):
     assert weights["audio_embed.weight"].shape == (K * Va, H) == weights["audio_head.weight"].shape
     for k, v in trainer.model.state_dict().items():
         assert torch.equal(weights[k], v.float()), k
-    assert (resolve_checkpoint(str(model_dir)).codec_dir / "model.safetensors").is_file()
+    checkpoint = resolve_checkpoint(str(model_dir))
+    assert (checkpoint.codec_dir / "model.safetensors").is_file()
+    # the voice's own longest piece of text (export.MAX_PIECE_CHARS), which Speech cuts text to
+    from recipes.voice.export import MAX_PIECE_CHARS
+    from speechctl.api import Speech
+
+    assert checkpoint.defaults.max_piece_chars == MAX_PIECE_CHARS
+    assert Speech.max_piece_chars.fget(types.SimpleNamespace(checkpoint=checkpoint)) == MAX_PIECE_CHARS
     # readable by every user (safetensors writes 0600), as anything pip installs
     assert all(f.stat().st_mode & 0o444 == 0o444 for f in model_dir.rglob("*") if f.is_file())
+
+
+def test_a_checkpoints_longest_piece_is_read_from_its_config():
+    """speechctl.max_piece_chars in a multi-stream checkpoint's config.json (what export writes)
+    is its default longest piece; a value that is not a positive integer is refused by name."""
+    from speechctl.errors import ModelError
+    from speechctl.models.generic.family import FAMILY
+
+    from speechctl.models.catalog import describe_defaults
+
+    assert FAMILY.defaults(None, {"speechctl": {}}).max_piece_chars is None
+    assert "pieces of at most 80 characters" in describe_defaults(FAMILY.defaults(None, {"speechctl": {"max_piece_chars": 80}}))
+    assert FAMILY.defaults({"do_sample": True, "top_k": 7}, {"speechctl": {"max_piece_chars": 80}}).max_piece_chars == 80
+    for bad in (0, "80", 1.5, True):
+        with pytest.raises(ModelError, match="max_piece_chars"):
+            FAMILY.defaults(None, {"speechctl": {"max_piece_chars": bad}})
 
 
 @pytest.mark.engine

@@ -61,6 +61,8 @@ def main(argv=None) -> None:
     q.add_argument("--out", default=".voice/model")
     q.add_argument("--temperature", type=float, default=None, help="the voice's default sampling temperature")
     q.add_argument("--top-k", type=int, default=None, help="the voice's default top-k")
+    q.add_argument("--max-piece-chars", type=int, default=None,
+                   help="the longest piece of text the voice speaks in one request (default: export.MAX_PIECE_CHARS)")
 
     q = sub.add_parser("ship", help="install an exported voice as speechctl's default (speechctl/voices/default/)")
     q.add_argument("model", nargs="?", default=".voice/model")
@@ -170,7 +172,8 @@ def main(argv=None) -> None:
 
         sampling = {**SAMPLING, **({"temperature": args.temperature} if args.temperature is not None else {}),
                     **({"top_k": args.top_k} if args.top_k is not None else {})}
-        run_export(Path(args.lm), Path(args.codec_model), Path(args.out), sampling=sampling)
+        options = {"max_piece_chars": args.max_piece_chars} if args.max_piece_chars is not None else {}
+        run_export(Path(args.lm), Path(args.codec_model), Path(args.out), sampling=sampling, **options)
     elif args.command == "ship":
         from recipes.voice.export import ship, sizes
 

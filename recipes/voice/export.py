@@ -23,12 +23,19 @@ from recipes.voice.config import Recipe
 # as the checkpoint's defaults): a small LM said greedily loops and stalls; sampled from its top
 # codes it speaks. The values are chosen by the held-out WER after training (docs/voice.md).
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50}
+# The longest piece of text it speaks in one request (speechctl cuts longer text at sentences, then
+# clauses): the step-13,096 LM drifts in the second half of long sentences; on 40 held-out
+# sentences (0.6 / 20) pieces of at most 50 / 80 / 120 / 200 characters (200: speechctl's default)
+# read at Whisper WER 0.605 / 0.544 / 0.538 / 0.615 (docs/voice/lm-progress.md).
+MAX_PIECE_CHARS = 120
 
 
-def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None) -> Path:
+def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None,
+           max_piece_chars: int | None = MAX_PIECE_CHARS) -> Path:
     """``lm_dir``: an LM checkpoint (state.pt + recipe.json); ``codec_model_dir``: the codec the
     LM was trained on (``codec.save_codec_model``); ``sampling``: the generation_config fields of
-    the voice's default sampling (default ``SAMPLING``). Writes ``out`` (replaced)."""
+    the voice's default sampling (default ``SAMPLING``); ``max_piece_chars``: the longest piece of
+    text the voice speaks in one request (None: speechctl's default). Writes ``out`` (replaced)."""
     import transformers
     from safetensors.torch import save_file
 
@@ -42,6 +49,10 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     skeleton(recipe, tmp)
+    if max_piece_chars is not None:
+        written = json.loads((tmp / "config.json").read_text())
+        written["speechctl"]["max_piece_chars"] = max_piece_chars
+        (tmp / "config.json").write_text(json.dumps(written, indent=2) + "\n")
     config = transformers.AutoConfig.from_pretrained(tmp)
     model = SpeechLM(config)
     load_state(lm_dir, {"lm": model}, {})

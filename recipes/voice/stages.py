@@ -308,7 +308,8 @@ def _codec_for_lm(carried: Path, work: Path) -> Path:
     return path
 
 
-def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None) -> Path:
+def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None,
+               **options) -> Path:
     from recipes.voice.codes import codes_identity
     from recipes.voice.export import export, sizes
 
@@ -318,7 +319,7 @@ def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None,
     if want and want != have:
         raise RuntimeError(f"{codec_model} does not give the codes {lm} was trained on "
                            f"(encoder and quantizer sha256 {have[:16]} vs {want[:16]})")
-    path = export(lm, codec_model, dest, sampling)
+    path = export(lm, codec_model, dest, sampling, **options)
     info = sizes(path)
     print(json.dumps(info, indent=2))
     if out is not None:

@@ -162,7 +162,10 @@ def describe_defaults(defaults) -> str:
         parts.append(f"CFG scale {g.scale:g}" + (f" (filter top-k {g.top_k})" if g.top_k else ""))
     if defaults.max_frames is not None:
         parts.append(f"at most {defaults.max_frames} frames")
-    return "; ".join(parts) + f" (from {defaults.source})"
+    source = f" (from {defaults.source})"
+    if defaults.max_piece_chars is not None:
+        source += f"; text spoken in pieces of at most {defaults.max_piece_chars} characters (config.json)"
+    return "; ".join(parts) + source
 
 
 def list_models() -> list[dict]:

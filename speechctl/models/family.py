@@ -56,6 +56,10 @@ class GenerationDefaults:
     max_frames: int | None = None  # None: DEFAULT_MAX_SECONDS of audio
     repetition: Repetition | None = None
     guidance: Guidance | None = None  # classifier-free guidance in the family's convention; None: off
+    # The longest piece of text one request speaks (longer text is cut at sentences, then clauses:
+    # speechctl.text); None: speechctl's MAX_PIECE_CHARS. A small model that drifts in long
+    # sentences reads better in short pieces (docs/voice/lm-progress.md).
+    max_piece_chars: int | None = None
     source: str = "speechctl's defaults"
 
 

@@ -4,11 +4,13 @@ control tokens and codec directory are written in a ``speechctl`` section of con
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from speechctl.engine.streams import StreamSpec
-from speechctl.models.family import CfgConvention, CodecLocation, Family
+from speechctl.errors import ModelError
+from speechctl.models.family import CfgConvention, CodecLocation, Family, GenerationDefaults
 
 
 class MultiStream(Family):
@@ -22,6 +24,17 @@ class MultiStream(Family):
 
     def spec(self, config: Mapping[str, Any]) -> StreamSpec:
         return StreamSpec.from_dict(config.get("speechctl") or {})
+
+    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
+        """As every family's, and the ``speechctl`` section's ``max_piece_chars`` (a voice that
+        reads best in shorter pieces than speechctl's default)."""
+        base = super().defaults(generation, config)
+        chars = ((config or {}).get("speechctl") or {}).get("max_piece_chars")
+        if chars is None:
+            return base
+        if not isinstance(chars, int) or isinstance(chars, bool) or chars < 1:
+            raise ModelError(f"config.json: speechctl.max_piece_chars must be a positive integer, got {chars!r}")
+        return replace(base, max_piece_chars=chars)
 
     def prompt_options(self, config: Mapping[str, Any]) -> dict:
         section = config.get("speechctl") or {}
