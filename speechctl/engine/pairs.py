@@ -18,6 +18,11 @@ prevents each (see ``_allocate``):
   (``pair_violations``) and raised when ``SPEECHCTL_STRICT_PAIRS=1`` (tests); the model fails
   such a request loudly either way.
 
+A decode step in which none of that can happen (nothing waits, every running request computes one
+token, and the budget and the free KV blocks hold them all: ``_plain_decode_step``) is left to
+vLLM's own allocation, without the checks per request, and checked after only if vLLM did not
+schedule every running request (always under ``SPEECHCTL_STRICT_PAIRS=1``).
+
 It overrides the scheduler's public methods (``add_request``, ``schedule``,
 ``finish_requests``) and ``_preempt_request``; every read of the scheduler's internal state
 (KV blocks, request counters, the preemption call) goes through ``vllm_compat``'s shims.
