@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 
-
 def sampling_row(item: str) -> tuple:
     """``TEMPERATURE:TOP_K[:CFG]`` -> (temperature, top_k[, cfg scale]); a bad one exits with a
     line naming it."""
@@ -172,8 +171,8 @@ def main(argv=None) -> None:
 
         sampling = {**SAMPLING, **({"temperature": args.temperature} if args.temperature is not None else {}),
                     **({"top_k": args.top_k} if args.top_k is not None else {})}
-        options = {"max_piece_chars": args.max_piece_chars} if args.max_piece_chars is not None else {}
-        run_export(Path(args.lm), Path(args.codec_model), Path(args.out), sampling=sampling, **options)
+        run_export(Path(args.lm), Path(args.codec_model), Path(args.out), sampling=sampling,
+                   max_piece_chars=args.max_piece_chars)
     elif args.command == "ship":
         from recipes.voice.export import ship, sizes
 

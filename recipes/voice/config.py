@@ -300,10 +300,10 @@ def preset(scale: str) -> Recipe:
 
 
 def multistream_recipe(lm: LMShape, codec: CodecShape, seed: int = 0, weights: bool = True,
-                       text_input: str = "text", phoneme_voice: str = "en-us"):
+                       text_input: str = "text", phoneme_voice: str = "en-us", max_piece_chars: int | None = None):
     """speechctl's ``MultiStreamRecipe`` of these shapes (random weights: speed tests, and the
     frame the export fills); ``text_input``: what the LM reads (``LMTrain.text_input``), in the
-    data's espeak-ng voice."""
+    data's espeak-ng voice; ``max_piece_chars``: the longest piece of text it speaks (the export's)."""
     from speechctl.models.generic.checkpoint import MultiStreamRecipe
 
     dac = asdict(codec)
@@ -324,5 +324,6 @@ def multistream_recipe(lm: LMShape, codec: CodecShape, seed: int = 0, weights: b
         weights=weights,
         text_input=text_input,
         phoneme_voice=phoneme_voice,
+        max_piece_chars=max_piece_chars,
         codec=dac,
     )

@@ -48,11 +48,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     recipe = Recipe.from_dict(record["recipe"])
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    skeleton(recipe, tmp)
-    if max_piece_chars is not None:
-        written = json.loads((tmp / "config.json").read_text())
-        written["speechctl"]["max_piece_chars"] = max_piece_chars
-        (tmp / "config.json").write_text(json.dumps(written, indent=2) + "\n")
+    skeleton(recipe, tmp, max_piece_chars)
     config = transformers.AutoConfig.from_pretrained(tmp)
     model = SpeechLM(config)
     load_state(lm_dir, {"lm": model}, {})

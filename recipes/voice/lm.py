@@ -36,15 +36,17 @@ from recipes.voice.schedule import RunSchedule, ramp, resumed_rate
 from recipes.voice.text import bare, bare_variant
 
 
-def skeleton(recipe: Recipe, path: Path) -> Path:
+def skeleton(recipe: Recipe, path: Path, max_piece_chars: int | None = None) -> Path:
     """speechctl's checkpoint directory for this recipe without LM weights (config.json with its
     ``speechctl`` section, tokenizer, a placeholder codec): the training model is built from
-    this config.json, so training and export cannot disagree on it."""
+    this config.json, so training and export cannot disagree on it. ``max_piece_chars``: the
+    export's (what the voice speaks per request; not the LM's)."""
     from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
     check_delays(recipe.lm)
     return create_multistream_checkpoint(path, multistream_recipe(
-        recipe.lm, recipe.codec, weights=False, text_input=recipe.lm_train.text_input, phoneme_voice=recipe.data.voice))
+        recipe.lm, recipe.codec, weights=False, text_input=recipe.lm_train.text_input, phoneme_voice=recipe.data.voice,
+        max_piece_chars=max_piece_chars))
 
 
 def check_delays(lm: LMShape) -> None:

@@ -65,6 +65,9 @@ class MultiStreamRecipe:
     # ``text_input`` / ``phoneme_voice``.
     text_input: str = "text"
     phoneme_voice: str = "en-us"
+    # The longest piece of text one request speaks (the ``speechctl`` section's
+    # ``max_piece_chars``, ``GenerationDefaults.max_piece_chars``); None: speechctl's default.
+    max_piece_chars: int | None = None
     # transformers DacConfig fields of the codec; codebooks come from the fields above.
     codec: dict = field(
         default_factory=lambda: dict(
@@ -131,6 +134,8 @@ def create_multistream_checkpoint(path: str | os.PathLike, recipe: MultiStreamRe
     config.speechctl = {**spec.to_dict(), "family": "multistream", "codec": "codec"}
     if recipe.text_input != "text":
         config.speechctl.update(text_input=recipe.text_input, phoneme_voice=recipe.phoneme_voice)
+    if recipe.max_piece_chars is not None:
+        config.speechctl["max_piece_chars"] = recipe.max_piece_chars
     config.dtype = recipe.dtype
     if recipe.weights:
         _write_weights(path, recipe, config, spec)
