@@ -46,10 +46,8 @@ def decode_graphs_enabled(codec: "Codec") -> bool:
     """Decode in CUDA graphs: with ``SPEECHCTL_CODEC_GRAPHS=1``, on CUDA, for a codec whose calls
     can be given a few shapes (a finite receptive field both ways, DAC and Higgs' tokenizer, or a
     causal one, Mimi; not EnCodec, whose left context is its whole input and whose right is not
-    empty). Off by default until the CUDA tests pass on a GPU: their first run (H200, thirtieth
-    session) passed Higgs' tokenizer; the DAC stand-in's stopped at its first assertion (a test
-    bug: the description it expected had since gained the padded lengths), so its parity never
-    ran; Mimi could not be captured (fixed since, unrun: ``keep_conv_padding_on_host``)."""
+    empty). Off by default until all of ``tests/test_codecs.py -k cuda`` has passed on a GPU: a
+    wrong graphed decode would be heard (their first run: docs/benchmarks/stream.md)."""
     shapeable = bounded(codec.decode_context) or codec.decode_context[1] == 0
     return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "0") == "1"
 
