@@ -537,6 +537,8 @@ def test_the_families_codecs_record_their_decode_graphs_on_cuda(family, tmp_path
         path = create_higgs_checkpoint(tmp_path / "m", HiggsRecipe()) / "audio_tokenizer"
     monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "1")
     fast = load_codec(path, device="cuda")
+    # Mimi's conv padding scalars stay on the host on CUDA (else F.pad syncs it: no capture)
+    assert all(m.stride.device.type == "cpu" for m in fast.model.modules() if type(m).__name__ == "MimiConv1d")
     monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
     eager = load_codec(path, device="cuda")
     rng = np.random.default_rng(0)
