@@ -86,11 +86,11 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
 
 
 @pytest.mark.parametrize("family", ["dia", "musicgen"])
-def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family):
+def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family, tmp_path):
     """Dia / MusicGen (tiny, each family's own sampling and CFG): speechctl with CFG, without
     at c and 2c rows (the CFG efficiency), transformers' generate with guidance making every
-    step it is asked for."""
-    from speechctl.bench.guided import run_guided_bench
+    step it is asked for; its plot is drawn from the result."""
+    from speechctl.bench.guided import plot_guided, run_guided_bench
 
     result = run_guided_bench(family, "tiny", concurrencies=(1,), frames=8, repeats=1, log=lambda row: None)
     rows = {(r["system"], r["concurrency"]): r for r in result["rows"]}
@@ -100,6 +100,8 @@ def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family
     assert result["cfg_efficiency"]["1"] == pytest.approx(want, abs=1e-3)
     assert result["sampling"]["guidance"]["scale"] == (4.0 if family == "dia" else 3.0)  # Dia's 3, as the runtime merges it
     assert rows[("transformers cfg", 1)]["steps"] == (8 + 15 + 1 if family == "dia" else 8 + 3)
+    plot_guided(result, tmp_path / "guided.png")
+    assert (tmp_path / "guided.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_results_name_the_command_that_made_them():

@@ -14,6 +14,7 @@ transformers' MusicGen decodes its EnCodec inside ``generate``; that decode is l
 
     python -m speechctl.bench.guided --family dia --concurrency 1,16,64 --out out/dia.json
     python -m speechctl.bench.guided --family musicgen --concurrency 1,16,64 --out out/musicgen.json
+    python -m speechctl.bench.guided --replot out/dia.json --plot out/dia.png   # a result's plot, again
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from speechctl.bench.families import rate_row, time_requests
-from speechctl.bench.report import environment, result_writer
+from speechctl.bench.report import environment, plot_rates_and_ratio, result_writer
 from speechctl.errors import EngineError
 
 TEXTS = {"dia": "[S1] The quick brown fox jumps over the lazy dog, number {i}. [S2] Indeed.",
@@ -163,6 +164,31 @@ def _transformers_times(family, path, dtype, prompt_ids, frames, repeats) -> tup
     return [t for t, _ in runs], steps
 
 
+def plot_guided(result: dict, path: str | Path) -> None:
+    """Frames/s per concurrency (speechctl with CFG, without at c and the limit R(2c)/2,
+    transformers with CFG) and the CFG efficiency (needs matplotlib)."""
+    by_c: dict[int, dict] = {}
+    names = {"speechctl cfg": "cfg", "speechctl": "plain", "transformers cfg": "transformers"}
+    for row in result["rows"]:
+        by_c.setdefault(row["concurrency"], {"concurrency": row["concurrency"]})[names[row["system"]]] = row["frames_per_s"]
+    rows = []
+    for c, row in sorted(by_c.items()):
+        if "cfg" in row:  # (c and 2c rows without CFG are there for the pairs' concurrencies)
+            limit = by_c.get(2 * c, {}).get("plain")
+            rows.append(dict(row, limit=limit / 2 if limit else None, cfg_efficiency=result["cfg_efficiency"].get(str(c))))
+    rates = [("cfg", "s-", "speechctl, CFG (c pairs)"), ("plain", "o-", "speechctl, no CFG (c requests)"),
+             ("limit", "^:", "limit R(2c)/2"), ("transformers", "x--", "transformers generate, CFG")]
+    config = result["config"]
+    decoder = config.get("decoder_config") or config.get("decoder") or {}
+    shown = {"model": {"shape": f"{result['family']} ({result['size']}, {result['frames_per_request']} frames a request)",
+                       "layers": decoder.get("num_hidden_layers"), "hidden": decoder.get("hidden_size"),
+                       "codebooks": decoder.get("num_channels") or decoder.get("num_codebooks")},
+             "environment": result["environment"]}
+    goals = [(0.95, "--", "g", "goal 0.95")]
+    plot_rates_and_ratio(shown, path, [r for r in rates if all(row.get(r[0]) for row in rows)], "audio frames / s",
+                         ("cfg_efficiency", "concurrent requests (pairs)", "CFG efficiency: CFG(c) / (R(2c)/2)", goals), rows=rows)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="dia", choices=sorted(FAMILIES))
@@ -172,12 +198,19 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot", type=Path, help="also draw the result (needs matplotlib)")
+    parser.add_argument("--replot", type=Path, metavar="JSON", help="only draw this result to --plot")
     args = parser.parse_args(argv)
+    if args.replot:
+        plot_guided(json.loads(args.replot.read_text()), args.plot or args.replot.with_suffix(".png"))
+        return
     write = result_writer(args.out, "speechctl.bench.guided", argv)
 
     result = run_guided_bench(args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
                               args.repeats, transformers_too=not args.no_transformers, partial=write)
     write(result)
+    if args.plot:
+        plot_guided(result, args.plot)
     print(json.dumps(result, indent=2))
 
 
