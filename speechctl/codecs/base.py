@@ -128,6 +128,7 @@ class Codec(ABC):
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
         self._graphs: StepGraphs | None = None  # the decode's CUDA graphs (use_decode_graphs)
+        self._told_no_room = False  # (a graph left out for memory is said once: _room_for_graph)
         self._graph_out: torch.Tensor | None = None  # the buffer they write their waveforms to
         self._graph_lengths: list[int] = []  # frames the decode's calls are padded up to (graphs on)
         self.graph_window: int | None = None
@@ -275,7 +276,7 @@ class Codec(ABC):
         graphs = self._graphs
         if graphs is None:
             return 0
-        before, started = graphs.captured, time.perf_counter()
+        before, started, reserved = graphs.captured, time.perf_counter(), self._reserved_bytes()
         longest = self._graph_lengths[-1]
         lengths = {n for n in frame_counts if n <= longest}
         self._graph_lengths = sorted(set(self._graph_lengths) | {n for n in lengths if self._paddable(n)})
@@ -283,13 +284,45 @@ class Codec(ABC):
             for frames in sorted(lengths | {self.graph_window or longest}):
                 for size in graphs.sizes:
                     if size <= most_rows and size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
+                        if not self._room_for_graph(size, frames):
+                            break  # (larger buckets need more: they decode eagerly)
                         codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
                         self._decode_on_device(codes)
                         if self._graphs is None:  # it could not be recorded: eager from now on
                             return 0
-        logger.info("speechctl: %d decode graphs of %s recorded in %.1f s", graphs.captured - before,
-                    type(self).__name__, time.perf_counter() - started)
+        logger.info("speechctl: %d decode graphs of %s recorded in %.1f s (the device's reserved memory %+.0f MiB)",
+                    graphs.captured - before, type(self).__name__, time.perf_counter() - started,
+                    (self._reserved_bytes() - reserved) / 2**20)
         return graphs.captured - before
+
+    def _room_for_graph(self, size: int, frames: int) -> bool:
+        """Whether recording the graph of ``size`` rows x ``frames`` leaves the device memory to
+        spare: its recording runs the decode eagerly (activations the caching allocator keeps)
+        and captures it into the graphs' pool (kept while the graph lives), so it needs twice a
+        decode's activations (``decode_bytes_per_frame``, measured at load) and a quarter more.
+        A graph that would not fit is not recorded (its calls decode eagerly) and says so once:
+        beside an engine that took its share, recording every bucket ran the H200 out of memory
+        (thirty-first session, Higgs 3B's workload bench)."""
+        if self.decode_bytes_per_frame is None:  # (the CPU: no graphs' memory to watch)
+            return True
+        need = 2.5 * self.decode_bytes_per_frame * size * frames
+        free = self._free_bytes()
+        if free >= need:
+            return True
+        if not self._told_no_room:
+            self._told_no_room = True
+            logger.warning("speechctl: %s records no decode graph of %d x %d frames: it needs ~%.0f MiB, %.0f MiB are free; "
+                           "such calls decode eagerly", type(self).__name__, size, frames, need / 2**20, free / 2**20)
+        return False
+
+    def _free_bytes(self) -> float:
+        """Device memory this process could still allocate: the driver's free memory plus what
+        the caching allocator holds unused."""
+        free = torch.cuda.mem_get_info(self.device)[0]
+        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+
+    def _reserved_bytes(self) -> int:
+        return torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
 
     def _paddable(self, frames: int) -> bool:
         """Whether a call may be padded up to ``frames`` (a non-causal call shorter than its
@@ -307,6 +340,8 @@ class Codec(ABC):
         size = graphs.bucket(rows)
         if size is None or frames > self._graph_lengths[-1] or size * frames > self.max_batch_frames:
             return self._decode_batch(codes)
+        if not graphs.recorded(size, frames) and not self._room_for_graph(size, frames):
+            return self._decode_batch(codes)
         out, hop = self._graph_out, self.hop_length
 
         def decode_into_buffer(batch: torch.Tensor) -> tuple[torch.Tensor]:
@@ -319,7 +354,16 @@ class Codec(ABC):
         except RuntimeError as error:  # a decode that cannot be captured (it syncs the host ...)
             logger.warning("speechctl: %s decodes eagerly: its decode could not be recorded as a CUDA graph (%s)",
                            type(self).__name__, error)
+            failed = True
+        else:
+            failed = False
+        if failed:
+            # Out of the handler (its traceback holds the failed capture's tensors): the graphs and
+            # their pool go back to the device before the eager decode needs the memory.
+            del graphs
             self.decode_eagerly()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             return self._decode_batch(codes)
         return self._decode_batch(codes) if result is None else result[0]  # (None: past the most kept)
 
