@@ -235,6 +235,29 @@ def test_decode_on_cuda_stays_within_the_codec_memory_budget(dac_path):
     np.testing.assert_allclose(waveforms[5], codec.decode([codes[5]])[0], rtol=0, atol=5e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_decode_graphs_on_cuda_take_about_one_decode_of_memory(dac_path, monkeypatch):
+    """The decode graphs record into one shared pool, so that all of them hold about one
+    decode's activations (the budget), not the sum over every bucket and length; their
+    recordings' eager runs keep another in the caching allocator. So at most ~2.5 budgets beside
+    the weights and the graphs' output buffer. (Higgs 3B's workload bench ran the H200 out of
+    memory while recording them, with 11.3 GiB in graph pools: this says whether the pool is
+    shared as meant.)"""
+    budget = 64 * 2**20
+    monkeypatch.setenv("SPEECHCTL_CODEC_MEMORY", str(budget / 2**30))
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "1")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    codec = load_codec(dac_path, device="cuda")
+    recorded = codec.record_decode_graphs([16, 32, 64], most_rows=1 << 20)
+    torch.cuda.synchronize()
+    fixed = sum(t.numel() * t.element_size() for t in [*codec.model.parameters(), *codec.model.buffers(), codec._graph_out])
+    grown = torch.cuda.memory_reserved() - before - fixed
+    assert recorded >= 12, codec.decode_graphs
+    assert grown <= 2.5 * budget, f"{recorded} graphs took {grown / 2**20:.0f} MiB for a {budget / 2**20:.0f} MiB budget"
+
+
 def test_decode_empty_and_bad_input(codec):
     assert codec.decode([]) == []
     (empty,) = codec.decode([np.zeros((K, 0), dtype=np.int64)])
