@@ -349,14 +349,13 @@ class Codec(ABC):
             samples = min(waveforms.shape[-1], frames * hop)  # (DAC's odd strides give a few fewer)
             return (out[: batch.shape[0], :samples].copy_(waveforms[:, :samples]),)
 
+        failed = False
         try:
             result = graphs.run(decode_into_buffer, frames, rows, (codes,), (0,))
         except RuntimeError as error:  # a decode that cannot be captured (it syncs the host ...)
             logger.warning("speechctl: %s decodes eagerly: its decode could not be recorded as a CUDA graph (%s)",
                            type(self).__name__, error)
             failed = True
-        else:
-            failed = False
         if failed:
             # Out of the handler (its traceback holds the failed capture's tensors): the graphs and
             # their pool go back to the device before the eager decode needs the memory.
