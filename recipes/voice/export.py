@@ -21,8 +21,11 @@ from recipes.voice.config import Recipe
 
 # How the voice samples unless a user says otherwise (generation_config.json, which speechctl reads
 # as the checkpoint's defaults): a small LM said greedily loops and stalls; sampled from its top
-# codes it speaks. The values are chosen by the held-out WER after training (docs/voice.md).
-SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50}
+# codes it speaks. The values are chosen by the held-out WER after training: the step-15,206 LM
+# on 40 held-out sentences read at 0.387 / 0.395 / 0.407 / 0.407 / 0.415 / 0.432 / 0.446 with
+# temperature / top-k 0.5 / 10, 0.5 / 20, 0.6 / 10, 0.4 / 20, 0.6 / 20, 0.3 / 20, 0.7 / 20
+# (one run each, docs/voice/lm-progress.md): best around 0.5 with a narrow top-k.
+SAMPLING = {"do_sample": True, "temperature": 0.5, "top_k": 10}
 # The longest piece of text it speaks in one request (speechctl cuts longer text at sentences, then
 # clauses): the step-13,096 LM drifts in the second half of long sentences; on 40 held-out
 # sentences (0.6 / 20) pieces of at most 50 / 80 / 120 / 200 characters (200: speechctl's default)
