@@ -296,16 +296,17 @@ class Codec(ABC):
         return graphs.captured - before
 
     def _room_for_graph(self, size: int, frames: int) -> bool:
-        """Whether recording the graph of ``size`` rows x ``frames`` leaves the device memory to
-        spare: its recording runs the decode eagerly (activations the caching allocator keeps)
-        and captures it into the graphs' pool (kept while the graph lives), so it needs twice a
-        decode's activations (``decode_bytes_per_frame``, measured at load) and a quarter more.
-        A graph that would not fit is not recorded (its calls decode eagerly) and says so once:
-        beside an engine that took its share, recording every bucket ran the H200 out of memory
-        (thirty-first session, Higgs 3B's workload bench)."""
+        """Whether the device has the memory to record the graph of ``size`` rows x ``frames``
+        and still decode eagerly what has no graph: its capture's activations go into the graphs'
+        pool (kept while the graph lives), beside the caching allocator's blocks of the largest
+        eager decode (``max_batch_frames``; a recording's own eager run reuses them), at
+        ``decode_bytes_per_frame`` (measured at load), and a quarter more. A graph that does not
+        fit is not recorded (its calls decode eagerly) and says so once: beside an engine that
+        took its share, recording every bucket ran the H200 out of memory (thirty-first session,
+        Higgs 3B's workload bench)."""
         if self.decode_bytes_per_frame is None:  # (the CPU: no graphs' memory to watch)
             return True
-        need = 2.5 * self.decode_bytes_per_frame * size * frames
+        need = 1.25 * self.decode_bytes_per_frame * (size * frames + self.max_batch_frames)
         free = self._free_bytes()
         if free >= need:
             return True
