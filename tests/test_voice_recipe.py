@@ -828,6 +828,19 @@ def test_kept_packs_live_in_history_not_in_the_tree_and_come_back(tmp_path):
     assert (back / "state.pt").read_bytes() == (src / "state.pt").read_bytes()
     assert sorted(p.name for p in (clone / ".voice" / "lm").iterdir()) == sorted(p.name for p in (voice / "lm").iterdir())
 
+    # a later keep of another pack: restore files the newest of each name (the LM from the older
+    # merge), or with a commit only that merge's
+    (src / "state.pt").write_bytes(np.random.default_rng(2).bytes(3000))
+    checkpoint.pack(src, voice / "extra", "extra", part_bytes=2000)
+    later = keep(["extra"], voice, repo, note="another pack")
+    clone2 = tmp_path / "clone2"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone2)], check=True)
+    assert sorted(restore(clone2 / ".voice", clone2)) == ["extra", "lm"]
+    assert (clone2 / ".voice" / "unpacked" / "lm" / "state.pt").read_bytes() == (back / "state.pt").read_bytes()
+    assert (clone2 / ".voice" / "unpacked" / "extra" / "state.pt").read_bytes() == (src / "state.pt").read_bytes()
+    assert restore(tmp_path / "only", clone2, commit=later) == ["extra"]
+    merge = later
+
     # a damaged part is refused before anything is committed
     part = voice / "lm" / "lm.tar.part01"
     part.write_bytes(b"x" + part.read_bytes()[1:])

@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     q.add_argument("--root", default=".voice")
     q.add_argument("--note", default="", help="said in the commit's subject, e.g. 'codec step 8,300'")
 
-    q = sub.add_parser("restore", help="file the newest kept packs under .voice/ (as collect does)")
+    q = sub.add_parser("restore", help="file the newest kept pack of each name under .voice/ (as collect does)")
     q.add_argument("--root", default=".voice")
     q.add_argument("--commit", default=None, help="a keep merge other than the newest")
 

@@ -6,7 +6,7 @@ the fifteenth session found the codec of four sessions' device calls (step 11,21
 from HEAD without putting them in its tree: a parentless commit holds them under
 ``voice-kept/NAME/``, and a merge commit on the current branch, whose tree is HEAD's own, names it
 as its second parent. A checkout, and so every device call, carries none of it; a clone fetches
-it. ``restore`` finds the newest such merge in HEAD's history and files its packs under
+it. ``restore`` finds the newest kept pack of each name in HEAD's history and files them under
 ``.voice/`` as ``collect`` files a device call's (unpacked, and a codec's shipped form made).
 
 Only git's plumbing is used, so the index, the working tree and any uncommitted change stay as
@@ -74,28 +74,43 @@ def keep(names: list[str], root: Path = Path(".voice"), repo: Path = Path("."), 
     return merge
 
 
-def newest(repo: Path = Path(".")) -> str | None:
-    """The newest keep merge in HEAD's history, or None."""
+def keep_merges(repo: Path = Path(".")) -> list[str]:
+    """The keep merges in HEAD's history, newest first."""
+    merges = []
     for line in _text(repo, "log", "--merges", "--format=%H %s", "HEAD").splitlines():
         commit, _, subject = line.partition(" ")
         if subject.startswith(SUBJECT):
-            return commit
-    return None
+            merges.append(commit)
+    return merges
+
+
+def newest(repo: Path = Path(".")) -> str | None:
+    """The newest keep merge in HEAD's history, or None."""
+    merges = keep_merges(repo)
+    return merges[0] if merges else None
 
 
 def restore(root: Path = Path(".voice"), repo: Path = Path("."), commit: str | None = None) -> list[str]:
-    """File the packs of the newest keep merge (or ``commit``) under ``root`` (``collect``'s
-    filing); returns their names."""
+    """File under ``root`` (``collect``'s filing) the newest kept pack of each name (a session
+    keeps what moved: the LM kept last, the codec some sessions before), or only the packs of the
+    keep merge ``commit``; returns their names."""
     from recipes.voice.stages import collect
 
-    commit = commit or newest(repo)
-    if commit is None:
+    merges = [commit] if commit else keep_merges(repo)
+    if not merges:
         raise KeepError("no kept packs in this history (python -m recipes.voice keep NAME... keeps them)")
-    side = f"{commit}^2"
-    paths = _text(repo, "ls-tree", "-r", "--name-only", side, f"{KEPT_DIR}/").split()
-    if not paths:
-        raise KeepError(f"{commit}: its second parent has no {KEPT_DIR}/")
-    with tempfile.TemporaryDirectory() as tmp:
+    sources: dict[str, tuple[str, list[str]]] = {}  # name -> (the merge's side, its paths)
+    for merge in merges:
+        side = f"{merge}^2"
+        paths = _text(repo, "ls-tree", "-r", "--name-only", side, f"{KEPT_DIR}/").split()
+        if not paths and commit:
+            raise KeepError(f"{commit}: its second parent has no {KEPT_DIR}/")
         for path in paths:
-            (Path(tmp) / Path(path).name).write_bytes(_git(repo, "cat-file", "blob", f"{side}:{path}"))
+            name = Path(path).parent.name
+            if name not in sources or sources[name][0] == side:
+                sources.setdefault(name, (side, []))[1].append(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        for side, paths in sources.values():
+            for path in paths:
+                (Path(tmp) / Path(path).name).write_bytes(_git(repo, "cat-file", "blob", f"{side}:{path}"))
         return collect(Path(tmp), Path(root))
