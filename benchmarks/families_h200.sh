@@ -18,6 +18,7 @@ mkdir -p "$OUT"
 export SPEECHCTL_TEST_LOG=${SPEECHCTL_TEST_LOG:-$OUT/tests-progress.log}
 export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
 source "$(dirname "$0")/plugin_entry_point.sh"
+source "$(dirname "$0")/gpu_machine.sh"  # vLLM's MoE kernels and compile caches, where calls carried them
 case "${1:-bench}" in
   tests)
     python3 -m pytest -q -p no:cacheprovider -rA tests/test_higgs_audio_v2.py tests/test_csm.py 2>&1 | tee "$OUT/pytest-families.log" | tail -40

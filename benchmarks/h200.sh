@@ -37,11 +37,7 @@ export PYTHONUNBUFFERED=1
 export SPEECHCTL_TEST_LOG=${SPEECHCTL_TEST_LOG:-$OUT/tests-progress.log}
 export SPEECHCTL_CACHE=${SPEECHCTL_CACHE:-/tmp/speechctl-cache}
 source "$(dirname "$0")/plugin_entry_point.sh"
-bash "$(dirname "$0")/gpu_moe.sh" install || true  # vLLM's MoE kernels, where a call carried them
-# compile caches an earlier call brought back (benchmarks/compile_cache.sh), once per machine
-if [ -d .gpu/compile-cache ] && [ ! -f /tmp/compile-cache.loaded ]; then
-  bash "$(dirname "$0")/compile_cache.sh" load .gpu/compile-cache && touch /tmp/compile-cache.loaded
-fi
+source "$(dirname "$0")/gpu_machine.sh"  # vLLM's MoE kernels and compile caches, where calls carried them
 if [ -n "${WHISPER_PACKAGE:-}" ]; then export PYTHONPATH=$WHISPER_PACKAGE:$PYTHONPATH; fi
 for stage in "$@"; do
   case "$stage" in
