@@ -84,12 +84,6 @@ def keep_merges(repo: Path = Path(".")) -> list[str]:
     return merges
 
 
-def newest(repo: Path = Path(".")) -> str | None:
-    """The newest keep merge in HEAD's history, or None."""
-    merges = keep_merges(repo)
-    return merges[0] if merges else None
-
-
 def restore(root: Path = Path(".voice"), repo: Path = Path("."), commit: str | None = None) -> list[str]:
     """File under ``root`` (``collect``'s filing) the newest kept pack of each name (a session
     keeps what moved: the LM kept last, the codec some sessions before), or only the packs of the
