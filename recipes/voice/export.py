@@ -34,11 +34,11 @@ MAX_PIECE_CHARS = 120
 
 
 def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None,
-           max_piece_chars: int | None = MAX_PIECE_CHARS) -> Path:
+           max_piece_chars: int | None = None) -> Path:
     """``lm_dir``: an LM checkpoint (state.pt + recipe.json); ``codec_model_dir``: the codec the
     LM was trained on (``codec.save_codec_model``); ``sampling``: the generation_config fields of
     the voice's default sampling (default ``SAMPLING``); ``max_piece_chars``: the longest piece of
-    text the voice speaks in one request (None: speechctl's default). Writes ``out`` (replaced)."""
+    text the voice speaks in one request (default ``MAX_PIECE_CHARS``). Writes ``out`` (replaced)."""
     import transformers
     from safetensors.torch import save_file
 
@@ -51,7 +51,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     recipe = Recipe.from_dict(record["recipe"])
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    skeleton(recipe, tmp, max_piece_chars)
+    skeleton(recipe, tmp, max_piece_chars or MAX_PIECE_CHARS)
     config = transformers.AutoConfig.from_pretrained(tmp)
     model = SpeechLM(config)
     load_state(lm_dir, {"lm": model}, {})

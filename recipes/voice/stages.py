@@ -310,10 +310,10 @@ def _codec_for_lm(carried: Path, work: Path) -> Path:
 
 def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None,
                max_piece_chars: int | None = None) -> Path:
-    """``export`` checked against the codes the LM learnt; ``max_piece_chars`` None: the
-    export's default (``export.MAX_PIECE_CHARS``)."""
+    """``export`` checked against the codes the LM learnt (``sampling``, ``max_piece_chars``:
+    ``export``'s, None its defaults)."""
     from recipes.voice.codes import codes_identity
-    from recipes.voice.export import MAX_PIECE_CHARS, export, sizes
+    from recipes.voice.export import export, sizes
 
     # The codes an LM learnt are fixed by its codec's encoder and quantizer: a codec whose decoder
     # trained on after them (codes frozen) is still its codec.
@@ -321,7 +321,7 @@ def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None,
     if want and want != have:
         raise RuntimeError(f"{codec_model} does not give the codes {lm} was trained on "
                            f"(encoder and quantizer sha256 {have[:16]} vs {want[:16]})")
-    path = export(lm, codec_model, dest, sampling, max_piece_chars or MAX_PIECE_CHARS)
+    path = export(lm, codec_model, dest, sampling, max_piece_chars)
     info = sizes(path)
     print(json.dumps(info, indent=2))
     if out is not None:
