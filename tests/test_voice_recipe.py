@@ -1106,9 +1106,8 @@ def test_a_checkpoints_longest_piece_is_read_from_its_config():
     """speechctl.max_piece_chars in a multi-stream checkpoint's config.json (what export writes)
     is its default longest piece; a value that is not a positive integer is refused by name."""
     from speechctl.errors import ModelError
-    from speechctl.models.generic.family import FAMILY
-
     from speechctl.models.catalog import describe_defaults
+    from speechctl.models.generic.family import FAMILY
 
     assert FAMILY.defaults(None, {"speechctl": {}}).max_piece_chars is None
     assert "pieces of at most 80 characters" in describe_defaults(FAMILY.defaults(None, {"speechctl": {"max_piece_chars": 80}}))
