@@ -37,14 +37,16 @@ def compile_per_step_work() -> bool:
 VARIANTS = 64  # compiled variants a per-step function may have (host facts x CSM's depth settings)
 
 
-def allow_variants() -> None:
-    """Let each compiled per-step function keep up to VARIANTS specializations: every host fact
-    it takes (CFG pairs live, Dia's filter, repetition, a depth decoder's sampling) is a guard,
-    and past torch's default of 8 a function silently falls back to eager (the "recompile
-    limit"), a stall and a slow path mid-run."""
+def compile_step(fn):
+    """``fn`` compiled for any number of rows, one compile per host-side variant (CFG pairs live,
+    Dia's filter, a candidate set, a depth decoder's sampling): each is a guard, and past
+    torch's default recompile limit of 8 a function silently falls back to eager, a stall and a
+    slow path mid-run; VARIANTS lifts it. (A size first seen as 1 is specialized and compiles
+    again for more rows: ``StreamRuntime.use_step_graphs`` records no one-row graph.)"""
     import torch._dynamo.config as config
 
     config.recompile_limit = max(config.recompile_limit, VARIANTS)
+    return torch.compile(fn, dynamic=True)
 
 
 def step_graphs_enabled(device: torch.device) -> bool:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from speechctl.engine.runtime.graphs import allow_variants, compile_per_step_work, step_graphs_enabled
+from speechctl.engine.runtime.graphs import compile_per_step_work, compile_step, step_graphs_enabled
 from speechctl.engine.runtime.frame import sample_frame
 from speechctl.engine.runtime.inputs import inputs_at, scheduled_inputs
 from speechctl.engine.runtime.rules import FrameRules
@@ -57,9 +57,8 @@ class StreamRuntime:
         self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built
         self.rows: ScheduledRows | None = None
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
-            allow_variants()
-            self._input_step = torch.compile(self._input_step, dynamic=True)
-            self._sample_step = torch.compile(self._sample_step, dynamic=True)
+            self._input_step = compile_step(self._input_step)
+            self._sample_step = compile_step(self._sample_step)
         # CUDA graphs of the per-step work, set up once vLLM's batch sizes are known
         # (``use_step_graphs``); separate pools: the input graph's output is still read by the
         # forward when the logits graph runs.
@@ -225,6 +224,12 @@ class StreamRuntime:
 
     def use_step_graphs(self, sizes) -> None:
         """Replay the per-step work as CUDA graphs for batches of up to max(sizes) rows."""
+        # No one-row graph: one row replays the two-row graph beside a padding row. A compiled
+        # step specializes a size it first sees as 1 (torch's 0/1 specialization; its
+        # size-oblivious tracing fails to lower the sampling step), so recording that bucket
+        # first compiled every variant twice: Dia's guided start-up on the CPU stand-in made 16
+        # compiles, 12 of them the sampling step's 6 variants.
+        sizes = [s for s in sizes if s > 1] or list(sizes)
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
             self.input_graphs, self.logits_graphs = self._graphs

@@ -15,6 +15,7 @@ from speechctl.engine.runtime.runtime import ScheduledRows, StreamRuntime
 from speechctl.engine.runtime.settings import CANDIDATE_SETS, LiveSettings
 
 
+@torch.no_grad()  # as vLLM runs its steps: grad mode is part of every compiled variant's guards
 def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, dtype: torch.dtype, *, guidance: bool,
                        repetition: bool, cfg_filter: bool = False) -> int:
     """Record ``runtime``'s graphs of every bucket: the input graph (none where ``embed`` is

@@ -21,7 +21,7 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from speechctl.engine import vllm_compat
 from speechctl.engine.runtime import compile_per_step_work
-from speechctl.engine.runtime.graphs import allow_variants
+from speechctl.engine.runtime.graphs import compile_step
 
 # transformers' separate projections -> (our fused projection, part)
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -126,8 +126,7 @@ class CsmDepthDecoder(nn.Module):
             is_neox_style=True,
         )
         if compile_per_step_work():  # ~100 small kernels per depth step, 31 steps per frame
-            allow_variants()
-            self._run = torch.compile(self._run, dynamic=True)
+            self._run = compile_step(self._run)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """transformers' names (relative to ``depth_decoder``); q/k/v and gate/up go into their
