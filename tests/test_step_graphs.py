@@ -81,3 +81,22 @@ def test_in_place_inputs_are_read_where_they_lie():
     assert graphs.run(fn, "k2", 3, (x, InPlace(slots[:2])), (0.0, None)) is None
     with pytest.raises(RuntimeError, match="moved"):
         graphs.run(fn, "k", 3, (x, InPlace(slots.clone())), (0.0, None))
+
+
+def test_a_compiled_step_compiles_once_for_every_size_but_one():
+    """Why the per-step graphs have no one-row bucket (``StreamRuntime.use_step_graphs``): a
+    compiled step's first trace at two rows serves every larger batch, while one row is a
+    compile of its own (torch's 0/1 specialization), so recording that bucket first compiled each
+    variant twice. If torch stops specializing one row, this fails and the bucket can return."""
+    import torch._dynamo
+
+    from speechctl.engine.runtime.graphs import compile_step
+
+    step = compile_step(lambda rows, ids: (rows * 2 + 1)[ids.clamp(0, rows.shape[0] - 1)])
+    frames = torch._dynamo.utils.counters["stats"]
+    before = frames["unique_graphs"]
+    for n in (2, 3, 5, 8):
+        step(torch.ones(n, 4), torch.arange(n))
+    assert frames["unique_graphs"] - before == 1
+    step(torch.ones(1, 4), torch.arange(1))
+    assert frames["unique_graphs"] - before == 2
