@@ -125,6 +125,36 @@ def test_varied_guidance_records_no_graph_after_start_up(engine):
     assert rt.stats()["graph_captures"] == before
 
 
+def test_a_variant_met_mid_run_is_captured_without_compiling(engine, monkeypatch):
+    """A CFG pair sampling its text at a temperature, a variant left to its first use
+    (``warmup.record_step_graphs``): captured mid-run from the plain sampling step, never the
+    compiled one (which would compile it then: a stall of seconds for every live request), while
+    the variants recorded at start-up keep the compiled step."""
+    from speechctl.engine.params import Guidance, Sampling
+
+    rt = _runtime(engine)
+    calls = {"compiled": set(), "plain": set()}
+
+    def counted(kind, step):
+        def call(*args, **kwargs):
+            calls[kind].add(rt.table.settings.graph_key())
+            return step(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(rt, "_sample_step", counted("compiled", rt._sample_step))
+    monkeypatch.setattr(rt, "_plain_sample_step", counted("plain", rt._plain_sample_step))
+    prompts = engine.prompt_builder()
+    before = rt.stats()["graph_captures"]
+    (out,) = engine.generate([prompts.tts("chat with guidance", guidance=Guidance(scale=2.0), seed=3, max_frames=5,
+                                          text_sampling=Sampling(temperature=0.8, top_k=20))])
+    assert out.error is None
+    assert rt.stats()["graph_captures"] > before  # the new variant: a capture
+    assert calls["plain"] and not calls["plain"] & rt._compiled_variants  # only variants not met at start-up
+    (out,) = engine.generate([prompts.tts("then a plain one", seed=4, max_frames=4)])
+    assert out.error is None
+    assert calls["compiled"] and calls["compiled"] <= rt._compiled_variants  # (the stand-in's replays call it)
+
+
 @pytest.fixture(scope="module")
 def csm_engine(tmp_path_factory, cuda_paths):
     from speechctl.models.csm.checkpoint import CsmRecipe, create_csm_checkpoint

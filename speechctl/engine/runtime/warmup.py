@@ -25,10 +25,11 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
     ``repetition``; the general sampling path's candidate sets; a depth decoder's codebooks,
     CSM's, greedy or on each candidate set). Returns the graphs recorded (0 without graphs).
 
-    Two rarer variants are left to their first use, a one-time capture: a pair whose text is
-    sampled at a temperature (chat with CFG), and Dia's CFG filter (``--cfg-top-k``) in another
-    guided family. Each is one more compiled variant of the sampling step per guided engine
-    (recording all of them quadrupled the compiled CPU test's start-up: 38 -> 148 s)."""
+    Two rarer variants are left to their first use, a one-time capture of the plain (not
+    compiled) sampling step: a pair whose text is sampled at a temperature (chat with CFG), and
+    Dia's CFG filter (``--cfg-top-k``) in another guided family. Compiled at start-up, each would
+    be one more compile per guided engine (recording all of them quadrupled the compiled CPU
+    test's start-up: 38 -> 148 s); compiled on first use, a stall of seconds mid-run."""
     graphs = runtime.logits_graphs
     if graphs is None:
         return 0
@@ -54,6 +55,7 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
                             runtime.graphed_logits(heads, hidden)
                         finally:
                             table.settings, runtime.rows = live, None
+    runtime.freeze_variants()  # what a workload meets later is captured without compiling
     return runtime.stats()["graph_captures"] - before
 
 
