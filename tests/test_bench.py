@@ -374,3 +374,19 @@ def test_dualffn_kernels_bench_times_the_mlp_variants_it_can_run(tmp_path):
     x, w13, w2 = torch.randn(3, 32), torch.randn(2, 128, 32), torch.randn(2, 32, 64)  # the MLP itself
     gate, up = (x @ w13[1].T).chunk(2, dim=-1)
     assert torch.allclose(dualffn_kernels.mlp(x, w13[1], w2[1]), (torch.nn.functional.silu(gate) * up) @ w2[1].T, atol=1e-5)
+
+
+def test_candidates_topk_bench_times_sort_and_topk_of_every_token(tmp_path):
+    """benchmarks/candidates_topk.py at two rows on the CPU: every family's shape, the sort and
+    the topk of the whole codebook giving the same values, each time measured, the command kept."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import candidates_topk
+
+    record = candidates_topk.main(["--rows", "2", "--repeats", "1", "--out", str(tmp_path / "c.json")])
+    assert json.loads((tmp_path / "c.json").read_text()) == record
+    assert [r["shape"] for r in record["results"]] == list(candidates_topk.SHAPES)
+    assert all(r["same_values"] and r["sort_s"] > 0 and r["topk_all_s"] > 0 for r in record["results"])
+    assert record["command"].endswith("--rows 2 --repeats 1 --out " + str(tmp_path / "c.json"))

@@ -1,0 +1,103 @@
+"""Whether the general audio sampling path can take every token through ``topk`` instead of a sort.
+
+The general path (``runtime/sampling.py``, on CUDA) draws its candidates from one ``topk(64)``
+while every random row has a top-k of at most 64, and from a full sort otherwise
+(``settings.CANDIDATE_SETS``). The two are separate compiled variants of the sampling step, and
+each doubles the variants a guided engine compiles at start-up. Passed as a count through
+``torch.sym_min`` and taken by ``topk`` in both cases, one compile serves both (checked on the
+CPU: one graph for k = 64 and k = the vocabulary). What that would cost is the ``topk`` of the
+whole codebook in place of the sort, on the rare steps where some row needs every token. This
+times both, and the whole sampling step of that case for scale, in CUDA graphs at the families'
+shapes (codebooks x codebook size) and several batch sizes.
+
+    python benchmarks/candidates_topk.py --out $OUT/candidates-topk.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+
+from speechctl.engine.runtime.sampling import sample_streams
+
+SHAPES = {"higgs": (8, 1024), "dia": (9, 1028), "musicgen": (4, 2048), "csm-depth": (1, 2051)}
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of ``fn`` (replayed from a CUDA graph on CUDA)."""
+    if torch.cuda.is_available():
+        fn()  # warm kernels up before the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    else:
+        run = fn
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            import time
+
+            t = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def measure(rows: int, streams: int, vocab: int, repeats: int, device: torch.device) -> dict:
+    g = torch.Generator(device=device).manual_seed(rows * 7 + vocab)
+    logits = torch.randn(rows, streams, vocab, device=device, generator=g)
+    temperature = torch.full((rows,), 0.9, device=device)
+    top_k = torch.zeros(rows, dtype=torch.int64, device=device)  # no top-k: every token is a candidate
+    top_p = torch.full((rows,), 0.95, device=device)
+    seed = torch.arange(rows, device=device)
+    step = torch.zeros(rows, dtype=torch.int64, device=device)
+    sorted_values, _ = logits.sort(dim=-1, descending=True)
+    top_values, _ = logits.topk(vocab, dim=-1)
+    return {
+        "rows": rows, "streams": streams, "vocab": vocab,
+        "sort_s": timed(lambda: logits.sort(dim=-1, descending=True), repeats),
+        "topk_all_s": timed(lambda: logits.topk(vocab, dim=-1), repeats),
+        "topk_64_s": timed(lambda: logits.topk(64, dim=-1), repeats),
+        "sampling_step_every_token_s": timed(lambda: sample_streams(logits, temperature, top_k, top_p, seed, step,
+                                                                     all_random=True, max_top_k=0), repeats),
+        "same_values": bool(torch.equal(sorted_values, top_values)),
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,16,128")
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results = [{"shape": name, **measure(int(r), k, v, args.repeats, device)}
+               for name, (k, v) in SHAPES.items() for r in args.rows.split(",")]
+    for r in results:
+        print(f"{r['shape']:>9} rows {r['rows']:>4}: sort {r['sort_s'] * 1e6:8.1f} us, topk(all) "
+              f"{r['topk_all_s'] * 1e6:8.1f} us, topk(64) {r['topk_64_s'] * 1e6:8.1f} us, sampling step "
+              f"{r['sampling_step_every_token_s'] * 1e6:8.1f} us, same values {r['same_values']}")
+    command = " ".join(["python", "benchmarks/candidates_topk.py", *(argv if argv is not None else sys.argv[1:])])
+    record = {"benchmark": "candidates_topk", "command": command, "device": torch.cuda.get_device_name() if device.type == "cuda"
+              else platform.processor() or "cpu", "torch": torch.__version__, "results": results}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=2)
+    return record
+
+
+if __name__ == "__main__":
+    main()
