@@ -27,10 +27,11 @@ from recipes.voice.config import Recipe
 # (one run each, docs/voice/lm-progress.md): best around 0.5 with a narrow top-k.
 SAMPLING = {"do_sample": True, "temperature": 0.5, "top_k": 10}
 # The longest piece of text it speaks in one request (speechctl cuts longer text at sentences, then
-# clauses): the step-13,096 LM drifts in the second half of long sentences; on 40 held-out
-# sentences (0.6 / 20) pieces of at most 50 / 80 / 120 / 200 characters (200: speechctl's default)
-# read at Whisper WER 0.605 / 0.544 / 0.538 / 0.615 (docs/voice/lm-progress.md).
-MAX_PIECE_CHARS = 120
+# clauses): the LM drifts in the second half of long sentences. On 40 held-out sentences (0.5 /
+# 10, two seeds each) the step-15,206 LM read pieces of at most 60 / 80 / 120 characters at
+# Whisper WER 0.404 / 0.384 / 0.399 on average, and 0.449 at 160 (one seed); the step-13,096 LM
+# 0.605 / 0.544 / 0.538 / 0.615 at 50 / 80 / 120 / 200 (docs/voice/lm-progress.md).
+MAX_PIECE_CHARS = 80
 
 
 def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None,
