@@ -244,8 +244,7 @@ class StreamRuntime:
         # No one-row graph: one row replays the two-row graph beside a padding row. A compiled
         # step specializes a size it first sees as 1 (torch's 0/1 specialization; its
         # size-oblivious tracing fails to lower the sampling step), so recording that bucket
-        # first compiled every variant twice: Dia's guided start-up on the CPU stand-in made 16
-        # compiles, 12 of them the sampling step's 6 variants.
+        # would compile every variant twice (docs/families.md, Dia's start-up).
         sizes = [s for s in sizes if s > 1] or list(sizes)
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
