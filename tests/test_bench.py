@@ -25,6 +25,7 @@ def test_cfg_bench_runs_both_modes_with_fixed_lengths():
             assert row[f"{mode}_step_ms"] * 12 <= row[f"{mode}_seconds"] * 1e3 * 1.01
     assert result["pair_violations"] == 0
     assert result["model"]["codebooks"] == 4 and len(lines) == 2
+    assert 0 <= result["engine_start_up_graphs_s"] <= result["engine_startup_s"]  # its share (CPU: no graphs)
 
 
 def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec():
@@ -83,6 +84,7 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
     assert all(r["frames_per_s"] > 0 for r in result["rows"])
     # vLLM-CPU has no fused MoE kernel: the result says its DualFFN ran both MLPs
     assert result["dual_ffn"] == "both MLPs" and result["codec_frame_rate"] is None
+    assert 0 <= result["start_up_graphs_s"] <= result["startup_s"]
 
 
 @pytest.mark.parametrize("family", ["dia", "musicgen"])
@@ -100,6 +102,7 @@ def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family
     assert result["cfg_efficiency"]["1"] == pytest.approx(want, abs=1e-3)
     assert result["sampling"]["guidance"]["scale"] == (4.0 if family == "dia" else 3.0)  # Dia's 3, as the runtime merges it
     assert rows[("transformers cfg", 1)]["steps"] == (8 + 15 + 1 if family == "dia" else 8 + 3)
+    assert 0 <= result["start_up_graphs_s"] <= result["startup_s"]  # the per-step graphs' share of start-up
     plot_guided(result, tmp_path / "guided.png")
     assert (tmp_path / "guided.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -60,6 +60,7 @@ def test_the_cuda_paths_are_the_ones_running(engine):
     buckets = [b for b in BUCKETS if b > 1]
     assert isinstance(rt.logits_graphs, CpuGraphs) and rt.logits_graphs.sizes == buckets
     assert rt.stats()["graph_captures"] >= 2 * len(buckets)  # input and logits graphs, every bucket
+    assert engine.stats()["start_up_graphs_s"] > 0  # their recording's share of start-up, for the benches
     assert max(BUCKETS) > engine.config.max_num_seqs
     assert rt.table.readback.record.shape[0] >= max(BUCKETS)
     assert rt.table.settings.general_audio

@@ -80,6 +80,7 @@ def run_cfg_bench(
         "repeats": repeats,
         "engine_startup_s": bench.startup_s,
         "engine_warm_up_s": bench.warm_up_s,  # of which compiling the per-step work
+        "engine_start_up_graphs_s": stats["start_up_graphs_s"],  # and recording (compiling) the per-step graphs
         "pair_violations": stats["pair_violations"],
         "environment": environment(),
         "results": rows,

@@ -120,6 +120,7 @@ def run_family_bench(
             "config": read_config(path),
             "startup_s": round(startup, 1),
             "warm_up_s": engine.warm_up_s,  # of which compiling the per-step work
+            "start_up_graphs_s": engine.stats()["start_up_graphs_s"],  # and recording (compiling) the per-step graphs
             "codec_frame_rate": speech.codec.frame_rate if codec else None,
             "codec_decode_graphs": speech.codec.decode_graphs if codec else None,  # None: eager
             "rows": rows,

@@ -86,7 +86,8 @@ def run_guided_bench(family: str = "dia", size: str = "full", concurrencies=(1, 
         rows = []
         result = {"family": family, "size": size, "frames_per_request": frames, "config": checkpoint.config,
                   "sampling": {"audio": asdict(audio), "guidance": asdict(guided)},
-                  "startup_s": round(startup, 1), "warm_up_s": engine.warm_up_s, "rows": rows,
+                  "startup_s": round(startup, 1), "warm_up_s": engine.warm_up_s,
+                  "start_up_graphs_s": engine.stats()["start_up_graphs_s"], "rows": rows,
                   "cfg_efficiency": {}, "environment": environment()}
 
         def add(row: dict) -> dict:

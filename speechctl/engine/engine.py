@@ -235,10 +235,11 @@ class SpeechEngine:
         for outputs in self.generate_steps(requests):
             yield from outputs
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Counters: live stream slots, resumptions after preemption, CFG pairs out of step, and
         the steps with pairs that the pair scheduler left to vLLM's own allocation or checked
-        request by request."""
+        request by request; and the seconds start-up spent recording (and compiling) the
+        per-step graphs (``start_up_graphs_s``, 0 without them)."""
         scheduler = vllm_compat.engine_scheduler(self._vllm)
         pairs = {name: getattr(scheduler, name, 0) for name in ("pair_violations", "pair_steps_plain", "pair_steps_checked")}
         return {**self._rpc("stats"), **pairs}

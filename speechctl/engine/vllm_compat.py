@@ -378,8 +378,9 @@ def attach_runtime(worker) -> int:
     runtime.use_step_graphs(step_graph_sizes(runner))
     started = time.perf_counter()
     recorded = model.record_step_graphs()
+    runtime.start_up_graphs_s = round(time.perf_counter() - started, 3)
     if recorded:
-        logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, time.perf_counter() - started)
+        logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, runtime.start_up_graphs_s)
     return runtime.capacity
 
 

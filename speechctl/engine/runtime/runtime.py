@@ -61,6 +61,7 @@ class StreamRuntime:
         self._plain_sample_step = self._sample_step
         self._compiled_variants: set | None = None
         self._variants_seen: set = set()
+        self.start_up_graphs_s = 0.0  # recording the per-step graphs at start-up, compiles included
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = compile_step(self._input_step)
             self._sample_step = compile_step(self._sample_step)
@@ -265,7 +266,7 @@ class StreamRuntime:
     def state_digest(self) -> str:
         return self.table.digest()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         captures = sum(g.captured for g in self._graphs if g is not None)
         return {"live": len(self.table.slots), "resumed": self.table.resumed, "paired": self.table.settings.paired,
-                "graph_captures": captures}
+                "graph_captures": captures, "start_up_graphs_s": self.start_up_graphs_s}
