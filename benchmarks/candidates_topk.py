@@ -10,7 +10,7 @@ whole codebook in place of the sort, on the rare steps where some row needs ever
 times both, and the whole sampling step of that case for scale, in CUDA graphs at the families'
 shapes (codebooks x codebook size) and several batch sizes.
 
-    python benchmarks/candidates_topk.py --out $OUT/candidates-topk.json
+    PYTHONPATH=. python benchmarks/candidates_topk.py --out $OUT/candidates-topk.json
 """
 
 from __future__ import annotations
@@ -22,38 +22,10 @@ import sys
 
 import torch
 
+from dualffn_kernels import timed  # microseconds a call: CUDA graph replays on CUDA, a loop on the CPU
 from speechctl.engine.runtime.sampling import sample_streams
 
 SHAPES = {"higgs": (8, 1024), "dia": (9, 1028), "musicgen": (4, 2048), "csm-depth": (1, 2051)}
-
-
-def timed(fn, repeats: int) -> float:
-    """Median seconds of ``fn`` (replayed from a CUDA graph on CUDA)."""
-    if torch.cuda.is_available():
-        fn()  # warm kernels up before the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    else:
-        run = fn
-    times = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            import time
-
-            t = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
 
 
 def measure(rows: int, streams: int, vocab: int, repeats: int, device: torch.device) -> dict:
@@ -66,13 +38,17 @@ def measure(rows: int, streams: int, vocab: int, repeats: int, device: torch.dev
     step = torch.zeros(rows, dtype=torch.int64, device=device)
     sorted_values, _ = logits.sort(dim=-1, descending=True)
     top_values, _ = logits.topk(vocab, dim=-1)
+
+    def us(fn) -> float:
+        return round(timed(lambda _: fn(), logits, 1, repeats), 1)
+
     return {
         "rows": rows, "streams": streams, "vocab": vocab,
-        "sort_s": timed(lambda: logits.sort(dim=-1, descending=True), repeats),
-        "topk_all_s": timed(lambda: logits.topk(vocab, dim=-1), repeats),
-        "topk_64_s": timed(lambda: logits.topk(64, dim=-1), repeats),
-        "sampling_step_every_token_s": timed(lambda: sample_streams(logits, temperature, top_k, top_p, seed, step,
-                                                                     all_random=True, max_top_k=0), repeats),
+        "sort_us": us(lambda: logits.sort(dim=-1, descending=True)),
+        "topk_all_us": us(lambda: logits.topk(vocab, dim=-1)),
+        "topk_64_us": us(lambda: logits.topk(64, dim=-1)),
+        "sampling_step_every_token_us": us(lambda: sample_streams(logits, temperature, top_k, top_p, seed, step,
+                                                                   all_random=True, max_top_k=0)),
         "same_values": bool(torch.equal(sorted_values, top_values)),
     }
 
@@ -87,9 +63,9 @@ def main(argv=None) -> dict:
     results = [{"shape": name, **measure(int(r), k, v, args.repeats, device)}
                for name, (k, v) in SHAPES.items() for r in args.rows.split(",")]
     for r in results:
-        print(f"{r['shape']:>9} rows {r['rows']:>4}: sort {r['sort_s'] * 1e6:8.1f} us, topk(all) "
-              f"{r['topk_all_s'] * 1e6:8.1f} us, topk(64) {r['topk_64_s'] * 1e6:8.1f} us, sampling step "
-              f"{r['sampling_step_every_token_s'] * 1e6:8.1f} us, same values {r['same_values']}")
+        print(f"{r['shape']:>9} rows {r['rows']:>4}: sort {r['sort_us']:8.1f} us, topk(all) {r['topk_all_us']:8.1f} us, "
+              f"topk(64) {r['topk_64_us']:8.1f} us, sampling step {r['sampling_step_every_token_us']:8.1f} us, "
+              f"same values {r['same_values']}")
     command = " ".join(["python", "benchmarks/candidates_topk.py", *(argv if argv is not None else sys.argv[1:])])
     record = {"benchmark": "candidates_topk", "command": command, "device": torch.cuda.get_device_name() if device.type == "cuda"
               else platform.processor() or "cpu", "torch": torch.__version__, "results": results}
