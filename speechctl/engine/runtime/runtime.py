@@ -56,11 +56,11 @@ class StreamRuntime:
         self.capacity = self.table.capacity
         self.view = None  # vllm_compat.StepView over the runner's buffers, once the engine is built
         self.rows: ScheduledRows | None = None
-        # The sampling step's variants compiled at start-up (``freeze_variants``; None while
-        # starting: compile on first use). A variant first met later runs the plain function.
+        # The sampling step's variants met while starting (compiled on first use), until
+        # ``freeze_variants``; a variant first met later runs the plain function.
         self._plain_sample_step = self._sample_step
-        self._compiled_variants: set | None = None
-        self._variants_seen: set = set()
+        self._compiled_variants: set = set()
+        self._starting = True
         self.start_up_graphs_s = 0.0  # recording the per-step graphs at start-up, compiles included
         if compile_per_step_work():  # fuse the per-step elementwise work: kernel launches dominate it
             self._input_step = compile_step(self._input_step)
@@ -171,20 +171,18 @@ class StreamRuntime:
         if tokens is not None and settings.paired:
             raise RuntimeError("speechctl: CFG pairs need the auxiliary streams sampled by the runtime")
         key = settings.graph_key()
-        if self._compiled_variants is None:
-            self._variants_seen.add(key)
-            step = self._sample_step
-        else:
-            # A variant first met mid-run (a rare setting: a CFG pair sampling its text, Dia's
-            # filter in another family) is recorded from the plain function: a compile here
-            # would stall every live request for seconds, a capture takes milliseconds.
-            step = self._sample_step if key in self._compiled_variants else self._plain_sample_step
+        if self._starting:
+            self._compiled_variants.add(key)
+        # A variant first met mid-run (a rare setting: a CFG pair sampling its text, Dia's filter
+        # in another family) is recorded from the plain function: a compile here would stall
+        # every live request for seconds, a capture takes milliseconds.
+        step = self._sample_step if key in self._compiled_variants else self._plain_sample_step
         return step(logits, aux_logits, tokens, rows.slots, rows.last_pos, settings.paired > 0, settings.cfg_filter > 0,
                     settings.text_random > 0, settings.repetition > 0, **settings.sampling_flags())
 
     def freeze_variants(self) -> None:
         """End of start-up: the sampling step's variants met so far are the compiled ones."""
-        self._compiled_variants = set(self._variants_seen)
+        self._starting = False
 
     def _sample_step(self, logits, aux_logits, given, slots, last_pos, paired, cfg_filter, text_random, repetition, **flags):
         """The sampling work as one function of tensors (``frame.sample_frame``), host facts as
