@@ -93,16 +93,17 @@ def restore(root: Path = Path(".voice"), repo: Path = Path("."), commit: str | N
     merges = [commit] if commit else keep_merges(repo)
     if not merges:
         raise KeepError("no kept packs in this history (python -m recipes.voice keep NAME... keeps them)")
-    sources: dict[str, tuple[str, list[str]]] = {}  # name -> (the merge's side, its paths)
+    sources: dict[str, tuple[str, list[str]]] = {}  # name -> (the newest merge's side keeping it, its paths)
     for merge in merges:
         side = f"{merge}^2"
         paths = _text(repo, "ls-tree", "-r", "--name-only", side, f"{KEPT_DIR}/").split()
         if not paths and commit:
             raise KeepError(f"{commit}: its second parent has no {KEPT_DIR}/")
+        kept: dict[str, list[str]] = {}
         for path in paths:
-            name = Path(path).parent.name
-            if name not in sources or sources[name][0] == side:
-                sources.setdefault(name, (side, []))[1].append(path)
+            kept.setdefault(Path(path).parent.name, []).append(path)
+        for name, files in kept.items():
+            sources.setdefault(name, (side, files))  # newest first: an older merge's pack of a name is left
     with tempfile.TemporaryDirectory() as tmp:
         for side, paths in sources.values():
             for path in paths:
