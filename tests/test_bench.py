@@ -103,6 +103,11 @@ def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family
     assert result["sampling"]["guidance"]["scale"] == (4.0 if family == "dia" else 3.0)  # Dia's 3, as the runtime merges it
     assert rows[("transformers cfg", 1)]["steps"] == (8 + 15 + 1 if family == "dia" else 8 + 3)
     assert 0 <= result["start_up_graphs_s"] <= result["startup_s"]  # the per-step graphs' share of start-up
+    # each timed repeat says what it did beside its time: the guided one's steps all had pairs
+    counters = rows[("speechctl cfg", 1)]["repeat_counters"]
+    assert len(counters) == 1 and counters[0]["pair_steps_plain"] + counters[0]["pair_steps_checked"] >= 8
+    assert counters[0]["resumed"] == 0
+    assert rows[("speechctl", 1)]["repeat_counters"][0]["pair_steps_plain"] == 0
     plot_guided(result, tmp_path / "guided.png")
     assert (tmp_path / "guided.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -33,6 +33,10 @@ from speechctl.errors import EngineError
 
 TEXTS = {"dia": "[S1] The quick brown fox jumps over the lazy dog, number {i}. [S2] Indeed.",
          "musicgen": "lo-fi piano with soft rain, take {i}"}
+# engine.stats() counters recorded per timed repeat: per-step graphs captured after start-up,
+# requests resumed after preemption, pair steps checked request by request (issue 21 item 4: a
+# 64-pair repeat took 3.43 s beside 2.29 and 2.59 in one run)
+REPEAT_COUNTERS = ("graph_captures", "resumed", "pair_steps_plain", "pair_steps_checked")
 
 
 def _dia(tmp: Path, size: str):
@@ -99,7 +103,13 @@ def run_guided_bench(family: str = "dia", size: str = "full", concurrencies=(1, 
 
         def measure(system: str, count: int, guidance) -> dict:
             run(count, guidance)  # warm-up at this batch size
-            return add(rate_row(system, count, frames, [run(count, guidance) for _ in range(repeats)]))
+            times, counts = [], []
+            for _ in range(repeats):  # what each repeat did beside its time: a slow one says why
+                before = engine.stats()
+                times.append(run(count, guidance))
+                after = engine.stats()
+                counts.append({name: after[name] - before[name] for name in REPEAT_COUNTERS})
+            return add({**rate_row(system, count, frames, times), "repeat_counters": counts})
 
         plain = {}
         for count in concurrencies:
