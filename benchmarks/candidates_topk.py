@@ -1,12 +1,12 @@
-"""Whether the general audio sampling path can take every token through ``topk`` instead of a sort.
+"""What the general audio sampling path pays for taking every token through ``topk`` instead of a sort.
 
 The general path (``runtime/sampling.py``, on CUDA) draws its candidates from one ``topk(64)``
-while every random row has a top-k of at most 64, and from a full sort otherwise
-(``settings.CANDIDATE_SETS``). The two are separate compiled variants of the sampling step, and
-each doubles the variants a guided engine compiles at start-up. Passed as a count through
-``torch.sym_min`` and taken by ``topk`` in both cases, one compile serves both (checked on the
-CPU: one graph for k = 64 and k = the vocabulary). What that would cost is the ``topk`` of the
-whole codebook in place of the sort, on the rare steps where some row needs every token. This
+while every random row has a top-k of at most 64, and from every token otherwise
+(``settings.CANDIDATE_SETS``). Until the thirty-third session "every token" was a sort, a branch
+that made the two sets separate compiled variants of the sampling step; now the count reaches
+``topk`` as a symbolic size (``torch.sym_min``) in both cases and one compile serves both
+(``tests/test_step_graphs.py``). The price is the ``topk`` of the whole codebook in place of the
+sort, on the steps where some row needs every token. This
 times both, and the whole sampling step of that case for scale, in CUDA graphs at the families'
 shapes (codebooks x codebook size) and several batch sizes.
 

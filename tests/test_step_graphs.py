@@ -100,3 +100,28 @@ def test_a_compiled_step_compiles_once_for_every_size_but_one():
     assert frames["unique_graphs"] - before == 1
     step(torch.ones(1, 4), torch.arange(1))
     assert frames["unique_graphs"] - before == 2
+
+
+def test_one_compile_serves_every_candidate_set():
+    """The general sampling path's candidate sets (``CANDIDATE_SETS``: a top 64, every token) are
+    one trace of the compiled step, not a compile each: the count reaches ``topk`` as a
+    symbolic size, whether the step compiles or comes from inductor's cache (run it twice).
+    Each set keeps its own tokens, the same as the step run eagerly."""
+    import torch._dynamo
+
+    from speechctl.engine.runtime.graphs import compile_step
+    from speechctl.engine.runtime.sampling import sample_streams
+    from speechctl.engine.runtime.settings import CANDIDATE_SETS, GENERAL_SAMPLING, candidate_set
+
+    rows, streams, vocab = 3, 2, 300
+    logits = torch.randn(rows, streams, vocab, generator=torch.Generator().manual_seed(0))
+    args = (torch.tensor([0.9, 0.0, 1.2]), torch.tensor([0, 5, 40]), torch.tensor([0.95, 1.0, 0.8]),
+            torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]))
+    step = compile_step(sample_streams)
+    frames = torch._dynamo.utils.counters["stats"]
+    before = frames["unique_graphs"]
+    for top_k in CANDIDATE_SETS:
+        flags = dict(GENERAL_SAMPLING, max_top_k=candidate_set(top_k, vocab))
+        got = step(logits, *args, **flags)
+        assert torch.equal(got, sample_streams(logits, *args, **flags))
+    assert frames["unique_graphs"] - before == 1

@@ -58,7 +58,9 @@ def row_settings(temperature, top_k, top_p, vocab: int, any_filter: bool = True,
     (0 = off) for a vocabulary of ``vocab``; ``any_filter``, ``max_top_k``: see ``sample_streams``."""
     beyond_k = not_first = None
     if any_filter:
-        n = min(max_top_k, vocab) if max_top_k > 0 else vocab
+        # sym_min, not min: in a compiled step the count stays symbolic, so one trace serves
+        # every candidate set (``settings.candidate_set``) instead of one compile each
+        n = torch.sym_min(max_top_k, vocab) if max_top_k > 0 else vocab
         rank = torch.arange(n, device=temperature.device)
         beyond_k = rank >= torch.where(top_k > 0, top_k, vocab)[:, None, None]
         not_first = rank > 0
@@ -109,11 +111,9 @@ def sample_streams(
         ids = torch.arange(V, device=logits.device).expand(scaled.shape)
         sampled = (scaled + (gumbel_at(seed, step, ids) if noise is None else noise)).argmax(dim=-1)
         return sampled if all_random else torch.where(rows.random, sampled, greedy)
-    n = rows.beyond_k.shape[-1]
-    if n < V:
-        cand, ids = scaled.topk(n, dim=-1)  # sorted, descending
-    else:
-        cand, ids = scaled.sort(dim=-1, descending=True)
+    # sorted, descending; n = V takes every token: a sort there would be a branch on n, and so a
+    # compiled variant per candidate set (benchmarks/candidates_topk.py: what topk(V) costs)
+    cand, ids = scaled.topk(rows.beyond_k.shape[-1], dim=-1)
     cand = cand.masked_fill(rows.beyond_k, float("-inf"))
     if any_top_p:
         probs = cand.softmax(dim=-1)

@@ -40,15 +40,20 @@ GENERAL_SAMPLING = {"any_random": True, "all_random": False, "any_filter": True,
 # run its extra work once per codebook, 31 times a step).
 GREEDY_SAMPLING = {"any_random": False, "all_random": False, "any_filter": False, "max_top_k": 0, "any_top_p": False}
 # The general path's candidate sets: while every random row has a top-k of at most 64 (the
-# families' defaults: 45-50), each row's tokens come from one ``topk(64)`` rather than a sort of
-# the whole codebook (~6x the work per row); otherwise every token (``max_top_k`` 0). Each is one
-# more graph per batch size, recorded at start-up.
+# families' defaults: 45-50), each row's tokens come from one ``topk(64)`` rather than a ``topk`` of
+# the whole codebook (~6x the work per row); otherwise every token. Listed as the top-k a request
+# needs for each (0: none, so every token). Each set is one more graph per batch size, recorded
+# at start-up, and all of them one compile: ``sample_streams`` takes the count as a symbolic size.
 CANDIDATE_SETS = (64, 0)
 
 
-def candidate_set(max_top_k: int) -> int:
-    """The general path's ``max_top_k`` for live rows that need ``max_top_k`` candidates (0: all)."""
-    return next((n for n in CANDIDATE_SETS if 0 < max_top_k <= n), 0)
+def candidate_set(max_top_k: int, vocab: int) -> int:
+    """The general path's candidate count (its ``max_top_k``) for live rows that need
+    ``max_top_k`` candidates (0: every token) of a ``vocab``-token codebook. Every token is
+    ``vocab`` itself, not 0, so that both sets take one code path; and not a larger stand-in,
+    which a compiled step loaded from inductor's cache would guard against (its guards assume
+    the count within the vocabulary)."""
+    return next((min(n, vocab) for n in CANDIDATE_SETS if 0 < max_top_k <= n), vocab)
 
 
 def general_audio_sampling(device: torch.device) -> bool:
@@ -69,9 +74,10 @@ class LiveSettings:
     some row samples them, and argmax alone where none does; only such a model's graphs are keyed
     by them (``depth_decoder``)."""
 
-    def __init__(self, general_audio: bool = False, depth_decoder: bool = False):
+    def __init__(self, general_audio: bool = False, depth_decoder: bool = False, vocab: int = 0):
         self._derived: dict = {}  # sampling_flags and graph_key, derived again after any change
         self.general_audio = general_audio
+        self.vocab = vocab  # tokens of a codebook's sampled vocabulary (the general path's every-token count)
         self.depth_decoder = depth_decoder  # the model samples depth codebooks (CSM): they key its graphs
         self.live = 0
         self.random = {False: 0, True: 0}  # rows sampling at temperature > 0: audio, depth
@@ -124,7 +130,7 @@ class LiveSettings:
         if self.general_audio and depth and not random:
             return dict(GREEDY_SAMPLING)  # a depth decoder's 31 codebooks, greedy: argmax alone
         if self.general_audio:
-            return dict(GENERAL_SAMPLING, max_top_k=candidate_set(max_top_k))
+            return dict(GENERAL_SAMPLING, max_top_k=candidate_set(max_top_k, self.vocab))
         return {"any_random": random > 0, "all_random": 0 < random == self.live, "any_filter": bool(ks),
                 "max_top_k": max_top_k, "any_top_p": self.top_ps[depth] > 0}
 

@@ -105,7 +105,8 @@ class SlotTable:
         self.slots: dict[str, int] = {}  # request key -> slot
         self._params: dict[int, StreamParams] = {}
         self._free = list(range(self.capacity - 1, -1, -1))
-        self.settings = LiveSettings(general_audio=general_audio_sampling(device), depth_decoder=depth_decoder)
+        self.settings = LiveSettings(general_audio=general_audio_sampling(device), depth_decoder=depth_decoder,
+                                     vocab=spec.pattern.vocab_size)
         self.resumed = 0  # requests that came back after preemption (kept their slot)
 
     # -- membership ----------------------------------------------------------------------------

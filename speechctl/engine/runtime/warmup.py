@@ -61,9 +61,9 @@ def record_step_graphs(runtime: StreamRuntime, heads, embed, hidden_size: int, d
 
 def _variant(live: LiveSettings, paired: bool, filtered: bool, ras: bool, candidates: int, depth: int | None) -> LiveSettings:
     """Settings whose graph key is one variant's: counted from a stand-in request whose audio
-    sampling needs ``candidates`` (0: a full sort, no top-k) and its depth decoder's ``depth``
+    sampling needs ``candidates`` (0: no top-k, every token) and its depth decoder's ``depth``
     (None: greedy), as a live one would be."""
-    settings = LiveSettings(general_audio=live.general_audio, depth_decoder=live.depth_decoder)
+    settings = LiveSettings(general_audio=live.general_audio, depth_decoder=live.depth_decoder, vocab=live.vocab)
     depth_sampling = Sampling(temperature=0.0) if depth is None else Sampling(temperature=1.0, top_k=depth)
     settings.count(StreamParams("warm-up", 0, audio=Sampling(temperature=1.0, top_k=candidates),
                                 depth=depth_sampling), 1)
