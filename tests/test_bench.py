@@ -398,3 +398,20 @@ def test_candidates_topk_bench_times_sort_and_topk_of_every_token(tmp_path):
     assert [r["shape"] for r in record["results"]] == list(candidates_topk.SHAPES)
     assert all(r["same_values"] and r["sort_us"] > 0 and r["topk_all_us"] > 0 for r in record["results"])
     assert record["command"].endswith("--rows 2 --repeats 1 --out " + str(tmp_path / "c.json"))
+
+
+def test_standin_startup_bench_starts_a_guided_engine_on_the_stood_in_cuda_paths(monkeypatch):
+    """benchmarks/standin_startup.py's measurement, uncompiled here (a compiled start takes
+    minutes on the CPU): the tiny guided Dia starts with its per-step graphs recorded, part of
+    its start-up, and nothing compiled."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import standin_startup
+    from cuda_stand_in import stand_in
+
+    monkeypatch.setenv("SPEECHCTL_COMPILE", "0")
+    stand_in(monkeypatch.setattr)
+    got = standin_startup.measure("dia")
+    assert 0 < got["start_up_graphs_s"] <= got["startup_s"] <= got["total_s"]
+    assert got["compiled_graphs"] == 0
