@@ -10,7 +10,8 @@ run in four; the steps it made are checked). Per concurrency c the rows are: spe
 (c pairs), speechctl without CFG at c and 2c rows — the **CFG efficiency** CFG(c) ÷ (R(2c)/2) of
 ``bench --cfg`` (DESIGN.md §4) — and transformers with CFG (its batch of 2c rows, as it guides).
 transformers' MusicGen decodes its EnCodec inside ``generate``; that decode is left out here
-(the language model alone on both sides).
+(the language model alone on both sides). Each speechctl row also says what each timed repeat did
+beside its time (``repeat_counters``: graph captures, resumptions, pair steps plain / checked).
 
     python -m speechctl.bench.guided --family dia --concurrency 1,16,64 --out out/dia.json
     python -m speechctl.bench.guided --family musicgen --concurrency 1,16,64 --out out/musicgen.json
