@@ -174,7 +174,7 @@ def test_a_row_without_top_k_draws_the_same_beside_top_k_rows():
                  Sampling(temperature=0.0, top_k=3)]
 
     def draw(rows):
-        live = LiveSettings()
+        live = LiveSettings(vocab=V)
         for i in rows:
             live.count(StreamParams(str(i), i, audio=samplings[i]), 1)
         t = torch.tensor([samplings[i].temperature for i in rows])

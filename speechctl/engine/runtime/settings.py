@@ -74,7 +74,7 @@ class LiveSettings:
     some row samples them, and argmax alone where none does; only such a model's graphs are keyed
     by them (``depth_decoder``)."""
 
-    def __init__(self, general_audio: bool = False, depth_decoder: bool = False, vocab: int = 0):
+    def __init__(self, vocab: int, general_audio: bool = False, depth_decoder: bool = False):
         self._derived: dict = {}  # sampling_flags and graph_key, derived again after any change
         self.general_audio = general_audio
         self.vocab = vocab  # tokens of a codebook's sampled vocabulary (the general path's every-token count)
