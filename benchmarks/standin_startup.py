@@ -48,12 +48,14 @@ def main(argv=None) -> dict:
     from cuda_stand_in import stand_in
 
     stand_in(setattr)
+    from speechctl.bench.report import environment
+
     record = {"benchmark": "standin_startup", "command": " ".join(["python", "benchmarks/standin_startup.py",
                                                                   *(argv if argv is not None else sys.argv[1:])]),
-              "compile": os.environ.get("SPEECHCTL_COMPILE", ""), "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
+              "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip(),
-              **measure(args.family)}
+              **measure(args.family), "environment": environment()}  # per_step_work_compiled: SPEECHCTL_COMPILE
     print(json.dumps(record))
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=2))
