@@ -164,7 +164,7 @@ class Speechctl:
         counters = self.asr.counters()
         return {k: counters[k] for k in ("steps", "step_s", "admitting_steps", "admitting_step_s", "restarts", "apply_s",
                                          "beam_steps", "beam_s", "kv_copies", "broken_groups", "render_wait_s",
-                                         "rendered_ahead", "rendered_inline")}
+                                         "rendered_ahead", "rendered_inline", "render_calls")}
 
     def close(self):
         self.asr.close()
@@ -284,10 +284,9 @@ def environment(on_gpu: bool) -> dict:
             env[module] = __import__(module).__version__
         except ImportError:
             env[module] = None
-    try:
-        env["commit"] = os.popen(f"git -C {ROOT} rev-parse --short HEAD 2>/dev/null").read().strip() or None
-    except OSError:
-        env["commit"] = None
+    from speechctl.bench.report import source_commit
+
+    env["commit"] = source_commit()
     return env
 
 

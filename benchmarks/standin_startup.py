@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,8 +52,6 @@ def main(argv=None) -> dict:
     record = {"benchmark": "standin_startup", "command": " ".join(["python", "benchmarks/standin_startup.py",
                                                                   *(argv if argv is not None else sys.argv[1:])]),
               "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(),
               **measure(args.family), "environment": environment()}  # per_step_work_compiled: SPEECHCTL_COMPILE
     print(json.dumps(record))
     if args.out:

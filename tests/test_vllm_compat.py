@@ -737,9 +737,25 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
         assert result.error is None and len(result.tokens[0]) == 4
         assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass
         assert asr._prerender.rendered_ahead + asr._prerender.rendered_inline == renders + 1  # and one rendering
+        # rendered_like: another window's rendering from one render and its features equals
+        # vLLM's own rendering of that window, part by part
+        audio, prompt = noise_audio(2.5, 7), [asr.vocab.sot_prev, 11, 12, asr.vocab.sot]
+        real = asr._render(audio, prompt)
+        (made,) = asr._render_many([(audio, prompt)])
+        assert made.keys() == real.keys() and made["encoder_prompt"] == real["encoder_prompt"]
+        made_dec, real_dec = made["decoder_prompt"], real["decoder_prompt"]
+        assert made_dec.keys() == real_dec.keys() and made_dec["prompt_token_ids"] == real_dec["prompt_token_ids"] == prompt
+        assert made_dec["mm_placeholders"] == real_dec["mm_placeholders"]
+        (made_item,), (real_item,) = made_dec["mm_kwargs"]["audio"], real_dec["mm_kwargs"]["audio"]
+        assert made_item.keys() == real_item.keys() == {"input_features"}
+        assert made_item["input_features"] == real_item["input_features"]  # data bit for bit, and the field's kind
+        assert made_item["input_features"].field == real_item["input_features"].field
+        assert made_dec["mm_hashes"]["audio"] != asr._template["decoder_prompt"]["mm_hashes"]["audio"]  # its own
         asr.config.feature_device = "bogus"  # WhisperConfig.feature_device reaches transformers' feature extractor
         with pytest.raises(ValueError, match="'device': 'bogus'"):
             asr._render(noise_audio(1.0, 3), [asr.vocab.sot])
+        with pytest.raises(RuntimeError, match="bogus"):
+            asr._render_many([(noise_audio(1.0, 3), [asr.vocab.sot])])
         asr.config.feature_device = None
     finally:
         asr.close()

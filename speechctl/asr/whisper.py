@@ -18,8 +18,10 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
   (``vllm_compat.share_mm_encoder``) hands identical inputs one encoder pass.
 * **Features once per window, ahead of time.** vLLM computes a request's log-mel features on the
   host inside ``add_request``, between steps, and never caches them for encoder-decoder models.
-  A window is rendered once for all its lanes (``vllm_compat.render_prompt``), on a worker thread
-  while the engine steps (:class:`~speechctl.asr.prerender.Prerender`), for the windows next in line.
+  A window is rendered once for all its lanes, on a worker thread while the engine steps
+  (:class:`~speechctl.asr.prerender.Prerender`), a few windows of the line a call: transformers'
+  feature extractor gives their features (all at once on a GPU), and each is one vLLM rendering
+  with its features swapped in (``vllm_compat.rendered_like``), not a pass through vLLM's processor.
 * **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
   lane that continues another lane's history gets that lane's self-attention KV blocks copied
   (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
@@ -199,7 +201,10 @@ class WhisperAsr:
         self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
         self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0, "steps": 0, "step_s": 0.0,
                       "admitting_steps": 0, "admitting_step_s": 0.0}
-        self._prerender = Prerender(self._render, depth=self.config.max_num_seqs)
+        self._features = None  # transformers' Whisper feature extractor, what vLLM's processor calls
+        self._template = None  # one window rendered by vLLM: every other window is rendered like it
+        self._mm_ids = itertools.count()
+        self._prerender = Prerender(self._render_many, depth=self.config.max_num_seqs)
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
     def counters(self) -> dict:
@@ -208,7 +213,8 @@ class WhisperAsr:
         render = self._prerender
         decoding = {f"decoding_{k}" if k in self.stats else k: v for k, v in self.decoding.stats.items()}  # its own steps
         return {**self.stats, **decoding, "render_wait_s": render.waited_s,
-                "rendered_ahead": render.rendered_ahead, "rendered_inline": render.rendered_inline}
+                "rendered_ahead": render.rendered_ahead, "rendered_inline": render.rendered_inline,
+                "render_calls": render.calls}
 
     # -- one-shot -------------------------------------------------------------------------------
 
@@ -382,7 +388,7 @@ class WhisperAsr:
         return ([v.sot_prev] + prompt if prompt else []) + [v.sot]
 
     def _render(self, audio: np.ndarray, decoder_prompt: list[int]):
-        """A window as vLLM takes it, its log-mel features computed (``Prerender``'s worker)."""
+        """A window as vLLM takes it, rendered by vLLM's own processor."""
         from speechctl.engine import vllm_compat
 
         encoder_prompt = {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}}
@@ -390,6 +396,30 @@ class WhisperAsr:
             encoder_prompt["mm_processor_kwargs"] = {"device": self.config.feature_device}
         return vllm_compat.render_prompt(self._engine, {
             "encoder_prompt": encoder_prompt, "decoder_prompt": {"prompt_token_ids": list(decoder_prompt)}})
+
+    def _render_many(self, windows) -> list:
+        """Windows ``[(audio, decoder prompt), ...]`` as vLLM takes them (``Prerender``'s worker).
+        Their log-mel features come from transformers' feature extractor, the one call of vLLM's
+        Whisper processor that computes anything: on the CPU one window a call (a batched call
+        there ran slower a window), on ``feature_device`` all at once; each window is then the
+        template's rendering with its own features and prompt (``vllm_compat.rendered_like``),
+        which skips the processor's per-window overhead (its hash of the audio, tokenizer call)."""
+        from transformers import WhisperFeatureExtractor
+
+        from speechctl.asr.checkpoint import engine_dir
+        from speechctl.engine import vllm_compat
+
+        if self._features is None:
+            self._features = WhisperFeatureExtractor.from_pretrained(str(engine_dir(self.model_dir)))
+            self._template = self._render(np.zeros(RATE, dtype=np.float32), [self.vocab.sot])
+        audios = [np.asarray(audio, dtype=np.float32) for audio, _ in windows]
+        device = self.config.feature_device
+        if device in (None, "cpu"):
+            features = [self._features(a, sampling_rate=RATE, return_tensors="pt")["input_features"][0] for a in audios]
+        else:
+            features = list(self._features(audios, sampling_rate=RATE, return_tensors="pt", device=device)["input_features"])
+        return [vllm_compat.rendered_like(self._template, prompt, f, f"speechctl-asr-{next(self._mm_ids)}")
+                for f, (_, prompt) in zip(features, windows)]
 
     @staticmethod
     def _window_key(state, w: int, decoder_prompt: list[int]) -> tuple:
@@ -403,6 +433,7 @@ class WhisperAsr:
         tokens = b["tokens"] - len(live)
         encoder = b["encoder_tokens"]
         admitted = False
+        self._render_ahead(ready)  # (the first admission of a run: its windows in chunks, not one by one)
         # grouped admission: hold the line while lanes run and too few are free, a few steps at most
         hold = (bool(ready) and bool(live) and seqs < math.ceil(self._admit_share * lanes)
                 and self._held < self.config.admit_wait_steps)
@@ -420,9 +451,13 @@ class WhisperAsr:
             seqs, tokens, encoder = seqs - n, tokens - n * len(prompt), encoder - n * self.encoder_positions
             self._submit(group, prompt, sample_len, n, live)
             admitted = True
-        # The windows next in line: their features computed while the engine steps. Asked again
-        # only when the line or the renders in flight changed (each window's prompt is built to
-        # name it: with hundreds of lanes, doing that every step cost the host ~0.5 ms a step).
+        self._render_ahead(ready)
+        return admitted
+
+    def _render_ahead(self, ready: deque) -> None:
+        """The windows next in line: their features computed while the engine steps. Asked again
+        only when the line or the renders in flight changed (each window's prompt is built to
+        name it: with hundreds of lanes, doing that every step cost the host ~0.5 ms a step)."""
         head = (id(ready[0][0]), ready[0][0].job.id, ready[0][1]) if ready else None
         line = (len(ready), head, self._prerender.pending)
         if line != self._line_seen:
@@ -431,7 +466,6 @@ class WhisperAsr:
                        for state, w, _ in itertools.islice(ready, self._prerender.depth) if state.error is None)
             self._prerender.ahead((self._window_key(state, w, prompt), lambda s=state, w=w: s.window_audio(w), prompt)
                                   for state, w, prompt in waiting)
-        return admitted
 
     def _submit(self, group: _Group, prompt: list[int], sample_len: int, n: int, live: dict) -> None:
         from vllm import SamplingParams

@@ -26,6 +26,24 @@ def result_writer(out: Path | None, module: str, argv: list[str] | None):
     return write
 
 
+def source_commit() -> str | None:
+    """The commit of speechctl's checkout, with ``+changes`` when tracked files differ from it
+    (a device call runs the working tree, which may hold what is not yet committed); None
+    outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
 def environment(speechctl: bool = True) -> dict:
     """The software, device and host speed of this process; ``speechctl``: also how speechctl's
     engines run here (not for a plain-vLLM baseline's process)."""
@@ -42,6 +60,7 @@ def environment(speechctl: bool = True) -> dict:
     else:
         env["device"] = platform.processor() or "cpu"
     env["host"] = host_probe()
+    env["commit"] = source_commit()
     if speechctl:
         from speechctl.engine.runtime import compile_per_step_work
 

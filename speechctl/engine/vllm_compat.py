@@ -34,6 +34,7 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   ``tensor_parallel_rank_and_size``, ``all_reduce``.
 * Whisper (``speechctl/asr/``): ``keep_whisper_decoder_prompts`` (prompts that begin with
   ``<|startofprev|>``), ``render_prompt`` (a window's audio processed once for all its lanes),
+  ``rendered_like`` (another window's rendered prompt from one render and its features),
   ``engine_runner`` / ``runner_logits_processor`` (the decoding logits
   processor's instance), ``scheduler_budgets`` (what one step takes: a beam's lanes must step
   together), ``SelfAttentionKv`` (KV blocks copied between beam lanes), ``share_mm_encoder``
@@ -661,6 +662,38 @@ def render_prompt(llm_engine, prompt):
         (rendered,) = renderer.render_cmpl([parse_model_prompt(processor.model_config, prompt)], renderer.default_cmpl_tok_params)
     if not (isinstance(rendered, dict) and "type" in rendered):
         raise RuntimeError(f"vLLM {VLLM_VERSION}: a rendered prompt is no longer a dict with 'type' (speechctl/engine/vllm_compat.py)")
+    return rendered
+
+
+def rendered_like(template, decoder_prompt: list[int], features, mm_hash: str):
+    """What ``render_prompt`` returns for another window of a Whisper engine, made from
+    ``template`` (one window's rendered prompt) without vLLM's multimodal processor: the decoder
+    prompt ``decoder_prompt``, the log-mel ``features`` [mels, frames] (what transformers' feature
+    extractor returns for the window, the processor's only computation) in place of the
+    template's, under ``mm_hash``, the request's multimodal identifier (unique per window; vLLM
+    never reuses encoder outputs of encoder-decoder requests). The processor's per-window work
+    this skips: its hash of the audio (0.26), the HF processor call with its tokenizer call,
+    the prompt updates. Both series: ``{type: "enc_dec", encoder_prompt, decoder_prompt:
+    {prompt_token_ids, mm_kwargs: MultiModalKwargsItems{"audio": [item]}, mm_hashes,
+    mm_placeholders}}`` (0.32 adds ``arrival_time``, set anew here); tests/test_vllm_compat.py
+    checks the result equal to a real render."""
+    import dataclasses
+
+    from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems
+
+    decoder = template.get("decoder_prompt") if isinstance(template, dict) else None
+    try:
+        (item,) = decoder["mm_kwargs"]["audio"]
+        elem = item["input_features"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise RuntimeError(f"vLLM {VLLM_VERSION}: a rendered Whisper prompt no longer keeps its features at "
+                           f"decoder_prompt.mm_kwargs['audio'][0]['input_features'] ({e!r}; speechctl/engine/vllm_compat.py)") from e
+    audio = MultiModalKwargsItem({"input_features": dataclasses.replace(elem, data=features)})
+    rendered = dict(template, decoder_prompt=dict(
+        decoder, prompt_token_ids=list(decoder_prompt), mm_kwargs=MultiModalKwargsItems({"audio": [audio]}),
+        mm_hashes={"audio": [mm_hash]}))
+    if "arrival_time" in rendered:
+        rendered["arrival_time"] = time.time()
     return rendered
 
 
