@@ -14,8 +14,9 @@ warm-up at the same batch size (CUDA graphs, kernel autotuning). Decoding settin
 
 * speechctl: temperature 0 only, no context, no timestamps, OpenAI's no-speech check off
   (OpenAI's beam search: length normalisation, patience 1);
-* speechctl-gpu-mel (GPU only, when asked for): the same, its log-mel features computed on the GPU
-  (``WhisperConfig.feature_device="cuda"``: the feature extractor's ``device``); both speechctl
+  (speechctl's defaults otherwise: on a GPU its log-mel features are computed there);
+* speechctl-cpu-mel (GPU only, when asked for): the same, its log-mel features computed on the CPU
+  (``WhisperConfig.feature_device="cpu"``: the feature extractor's ``device``); both speechctl
   systems run each row at every ``--admit-share`` (grouped admission, ``admit_share`` in the row);
 * transformers: ``generate(num_beams=1|5, max_new_tokens=224)``, the checkpoint's generation
   config (its beam search: length_penalty 1.0 over the generated length, early_stopping False);
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples" / "asr"
 RATE = 16000
 MODES = {"greedy": 1, "beam5": 5}
-SYSTEMS = ("speechctl", "speechctl-gpu-mel", "transformers", "ctranslate2")
+SYSTEMS = ("speechctl", "speechctl-cpu-mel", "transformers", "ctranslate2")
 
 
 def parse(argv):
@@ -56,7 +57,7 @@ def parse(argv):
     p.add_argument("--files", type=int, default=128, help="windows per measurement")
     p.add_argument("--modes", default="greedy,beam5")
     p.add_argument("--systems", default="speechctl,transformers,ctranslate2",
-                   help=f"of {', '.join(SYSTEMS)}; skipped when not installed (speechctl-gpu-mel: without a GPU)")
+                   help=f"of {', '.join(SYSTEMS)}; skipped when not installed (speechctl-cpu-mel: without a GPU)")
     p.add_argument("--dtype", default="auto", help="auto: float16 on CUDA, float32 on CPU")
     p.add_argument("--admit-share", default="0",
                    help="speechctl's grouped admission (WhisperConfig.admit_share), comma-separated: each speechctl "
@@ -130,13 +131,13 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
 
 class Speechctl:
     name = "speechctl"
-    feature_device = None  # the feature extractor's default: the CPU
+    feature_device = None  # speechctl's default: the engine's device
 
     def __init__(self, args, on_gpu):
         from speechctl.asr import WhisperAsr, WhisperConfig
 
-        if self.feature_device == "cuda" and not on_gpu:
-            raise RuntimeError("needs a GPU")
+        if self.feature_device == "cpu" and not on_gpu:
+            raise RuntimeError("needs a GPU (on the CPU it is the speechctl row)")
         lanes = max(MODES[m] for m in args.modes)
         self.asr = WhisperAsr(args.model, WhisperConfig(max_num_seqs=max(args.batch) * lanes, dtype=args.dtype,
                                                         feature_device=self.feature_device))
@@ -170,11 +171,12 @@ class Speechctl:
         self.asr.close()
 
 
-class SpeechctlGpuMel(Speechctl):
-    """speechctl with the log-mel features computed on the GPU (WhisperConfig.feature_device)."""
+class SpeechctlCpuMel(Speechctl):
+    """speechctl with the log-mel features computed on the CPU (WhisperConfig.feature_device),
+    as before its GPU default: on a GPU only (on the CPU it is the speechctl row)."""
 
-    name = "speechctl-gpu-mel"
-    feature_device = "cuda"
+    name = "speechctl-cpu-mel"
+    feature_device = "cpu"
 
 
 class Transformers:
@@ -332,7 +334,7 @@ def main(argv=None) -> dict:
               "audio_s": round(sum(len(a) for a in audio) / RATE, 2), "environment": environment(on_gpu), "results": [],
               "notes": __doc__.split("\n\n", 2)[2].strip()}
     out = Path(args.out)
-    classes = {cls.name: cls for cls in (Speechctl, SpeechctlGpuMel, Transformers, CTranslate2)}
+    classes = {cls.name: cls for cls in (Speechctl, SpeechctlCpuMel, Transformers, CTranslate2)}
     for cls in (classes[name] for name in args.systems):  # in the order asked for (a timeout keeps the first)
         try:
             t = time.perf_counter()

@@ -598,17 +598,17 @@ def test_the_families_codecs_record_their_decode_graphs_on_cuda(family, tmp_path
     assert fast.decode_graphs is not None and fast.decode_graphs_recorded > 0
 
 
-def test_codec_graphs_are_off_unless_asked_for(dac_path, monkeypatch):
-    """Decode graphs wait for their CUDA tests to pass on a GPU (decode_graphs_enabled): on CUDA
-    only with SPEECHCTL_CODEC_GRAPHS=1, never on the CPU."""
+def test_codec_graphs_are_on_on_cuda_unless_turned_off(dac_path, monkeypatch):
+    """Decode graphs (decode_graphs_enabled): on CUDA by default, off with
+    SPEECHCTL_CODEC_GRAPHS=0, never on the CPU."""
     from speechctl.codecs.base import decode_graphs_enabled
 
     codec = load_codec(dac_path)
     on_cuda = types.SimpleNamespace(device=torch.device("cuda"), decode_context=codec.decode_context)
     monkeypatch.delenv("SPEECHCTL_CODEC_GRAPHS", raising=False)
-    assert not decode_graphs_enabled(on_cuda) and not decode_graphs_enabled(codec)
-    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "1")
     assert decode_graphs_enabled(on_cuda) and not decode_graphs_enabled(codec)
+    monkeypatch.setenv("SPEECHCTL_CODEC_GRAPHS", "0")
+    assert not decode_graphs_enabled(on_cuda) and not decode_graphs_enabled(codec)
 
 
 def test_mimi_and_encodec_keep_their_conv_padding_on_the_host(tmp_path):

@@ -674,6 +674,47 @@ def test_whisper_encoder_outputs_are_never_shared_by_vllm():
     assert "model.embed_multimodal(" in inspect.getsource(GPUModelRunner._execute_mm_encoder)
 
 
+def test_an_encoder_decoder_step_lists_and_reads_encoder_inputs_in_order():
+    """encode_shared_inputs_once: ``_execute_mm_encoder`` gets its items from the instance's
+    ``_batch_mm_inputs_from_scheduler`` (hashes, kwargs, refs), caches outputs by hash and returns
+    one per item; an encoder-decoder step passes that list to the model as ``encoder_outputs``
+    (0.26 and 0.32)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    execute = inspect.getsource(GPUModelRunner._execute_mm_encoder)
+    assert "mm_hashes, mm_kwargs, mm_lora_refs = self._batch_mm_inputs_from_scheduler(" in execute
+    assert "for mm_hash, output in zip(mm_hashes, encoder_outputs):" in execute and "return encoder_outputs" in execute
+    runner_source = inspect.getsource(GPUModelRunner)
+    assert "encoder_outputs = self._execute_mm_encoder(scheduler_output)" in runner_source
+    assert 'model_kwargs.update({"encoder_outputs": encoder_outputs})' in runner_source
+
+
+def test_shared_encoder_inputs_are_listed_once_and_their_output_handed_to_each_request():
+    """encode_shared_inputs_once on a runner shaped as vLLM's: the encoder sees each identifier
+    once; the step gets one output per request, in vLLM's order."""
+
+    class Runner:
+        def __init__(self):
+            self.encoded = []
+
+        def _batch_mm_inputs_from_scheduler(self, scheduler_output):
+            hashes = list(scheduler_output)
+            return hashes, [("audio", f"features-{h}") for h in hashes], [(f"req{i}", None) for i in range(len(hashes))]
+
+        def _execute_mm_encoder(self, scheduler_output):
+            hashes, kwargs, _ = self._batch_mm_inputs_from_scheduler(scheduler_output)
+            self.encoded.append([k for _, k in kwargs])
+            return [f"out-{h}" for h in hashes]
+
+    runner = Runner()
+    vllm_compat.encode_shared_inputs_once(runner)
+    vllm_compat.encode_shared_inputs_once(runner)  # once only
+    assert runner._execute_mm_encoder("abaac") == ["out-a", "out-b", "out-a", "out-a", "out-c"]
+    assert runner.encoded == [["features-a", "features-b", "features-c"]]
+    assert runner._execute_mm_encoder("xy") == ["out-x", "out-y"]  # nothing shared: as vLLM listed it
+    assert runner._execute_mm_encoder("") == []
+
+
 def test_a_rendered_prompt_is_taken_as_it_is():
     """render_prompt: vLLM turns off its multimodal processor cache for encoder-decoder models,
     so every request would compute its audio's features again; ``process_inputs`` takes an
@@ -730,12 +771,13 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
             table[0, :2], table[1, :2] = src_row, dst_row
             for c, s in zip(kv.caches, saved):
                 c.copy_(s)
-        encoded = asr.encoder.encoded
+        encoded, requested = asr.encoder.encoded, asr.encoder.requested
         renders = asr._prerender.rendered_ahead + asr._prerender.rendered_inline
         options = PLAIN_GREEDY.with_(beam_size=3)
         (result,) = asr.run([AsrJob(id="a", audio=noise_audio(1.0, 3), whisper=options, max_tokens=4)])
         assert result.error is None and len(result.tokens[0]) == 4
         assert asr.encoder.encoded == encoded + 1  # three lanes, one encoder pass
+        assert asr.encoder.requested == requested + 1  # and one input listed, batched and copied (not three)
         assert asr._prerender.rendered_ahead + asr._prerender.rendered_inline == renders + 1  # and one rendering
         # rendered_like: another window's rendering from one render and its features equals
         # vLLM's own rendering of that window, part by part
@@ -751,11 +793,11 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
         assert made_item["input_features"] == real_item["input_features"]  # data bit for bit, and the field's kind
         assert made_item["input_features"].field == real_item["input_features"].field
         assert made_dec["mm_hashes"]["audio"] != asr._template["decoder_prompt"]["mm_hashes"]["audio"]  # its own
-        asr.config.feature_device = "bogus"  # WhisperConfig.feature_device reaches transformers' feature extractor
+        device, asr.feature_device = asr.feature_device, "bogus"  # the feature device reaches transformers' feature extractor
         with pytest.raises(ValueError, match="'device': 'bogus'"):
             asr._render(noise_audio(1.0, 3), [asr.vocab.sot])
         with pytest.raises(RuntimeError, match="bogus"):
             asr._render_many([(noise_audio(1.0, 3), [asr.vocab.sot])])
-        asr.config.feature_device = None
+        asr.feature_device = device
     finally:
         asr.close()

@@ -13,9 +13,10 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
 <|notimestamps|> tokens are forced, the rest follows Whisper's rules and the group's search.
 
 * **Encoder once per window.** The lanes of a window share one multimodal input; vLLM would
-  encode it once per lane (and again for every fallback attempt), so an
+  batch, copy and encode it once per lane (and again for every fallback attempt), so the lanes
+  of a step hand it to the encoder once (``vllm_compat.encode_shared_inputs_once``) and an
   :class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's encoder
-  (``vllm_compat.share_mm_encoder``) hands identical inputs one encoder pass.
+  (``vllm_compat.share_mm_encoder``) gives identical inputs one encoder pass across steps.
 * **Features once per window, ahead of time.** vLLM computes a request's log-mel features on the
   host inside ``add_request``, between steps, and never caches them for encoder-decoder models.
   A window is rendered once for all its lanes, on a worker thread while the engine steps
@@ -53,6 +54,7 @@ from speechctl.errors import SpeechctlError
 logger = logging.getLogger(__name__)
 ENCODER_POSITIONS = 1500  # 30 s of audio after the encoder's stride-2 convolution
 MAX_RESTARTS = 3
+GPU_ADMIT_SHARE = 0.5  # WhisperConfig.admit_share's default on a GPU
 
 
 def sampling_key(seed: int, job_id: str, window: int, temperature: float) -> int:
@@ -76,16 +78,19 @@ class WhisperConfig:
     max_group: int = 8  # largest beam size / best-of a job may ask for
     gpu_memory_utilization: float | None = None
     feature_device: str | None = None  # where the log-mel features are computed (the feature
-    # extractor's ``device``, e.g. "cuda"); None: its default, the CPU
+    # extractor's ``device``: "cpu", "cuda"); None: the engine's device. On the GPU the features of
+    # a chunk of windows are one call there (H100, 2026-12-05: greedy at batch 64 455 audio-s/s
+    # against 368 with them on the CPU, the same tokens; docs/asr.md)
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
     align_batch: int = 8  # windows per word-timestamp pass
     # Grouped admission: while lanes run, new windows wait until this share of the lanes is free
     # (or admit_wait_steps steps passed), so that they start together and more steps are pure
-    # decode steps (vLLM's whole CUDA graphs) instead of ~1 lane joining every other step (H200,
-    # batch 16: 61 of 100 steps admitted, 16 ms a step on average). 0: admit at once, as before;
-    # to be chosen from the speed bench, which runs both.
-    admit_share: float = 0.0
+    # decode steps (vLLM's whole CUDA graphs) instead of ~1 lane joining every other step. 0: admit
+    # at once. None: 0.5 on a GPU, 0 on the CPU (eager: a decode step alone gains nothing there).
+    # Measured side by side (H100, 2026-12-05, docs/asr.md): at batch 16 greedy 61 -> 15 admitting
+    # steps, 295 -> 355 audio-s/s (beam 5: 135 -> 197); at batch 64 within ~15 % either way.
+    admit_share: float | None = None
     admit_wait_steps: int = 8
     default_options: object | None = None  # WhisperOptions for jobs without any (None: OpenAI's defaults)
 
@@ -176,6 +181,7 @@ class WhisperAsr:
         self.on_gpu = has_cuda()
         if self.config.feature_device not in (None, "cpu") and not self.on_gpu:
             raise SpeechctlError(f"WhisperConfig.feature_device={self.config.feature_device!r}: no GPU here")
+        self.feature_device = self.config.feature_device or ("cuda" if self.on_gpu else "cpu")
         args = self.config.engine_args(engine_dir(self.model_dir), self.on_gpu)
         vllm_compat.keep_whisper_decoder_prompts()
         with vllm_compat.other_engines_keep_their_graphs():
@@ -190,6 +196,7 @@ class WhisperAsr:
         self.decoding = vllm_compat.runner_logits_processor(runner, WhisperDecoding)
         self.vocab = self.decoding.vocab  # (loaded with the tokenizer once, by the logits processor)
         self.decoding.kv = vllm_compat.SelfAttentionKv(runner)
+        vllm_compat.encode_shared_inputs_once(runner)  # a beam's lanes: their one input batched once a step
         self.encoder = vllm_compat.share_mm_encoder(runner, EncoderCache(capacity=2 * self.config.max_num_seqs))
         self.eot = self.vocab.eot
         self.budgets = vllm_compat.scheduler_budgets(self._engine)
@@ -246,7 +253,11 @@ class WhisperAsr:
         exhausted = False
         budget = 2 * self.config.max_num_seqs  # windows in flight
         self._line_seen = None
-        self._admit_share = self.config.admit_share if admit_share is None else admit_share
+        if admit_share is None:
+            admit_share = self.config.admit_share
+        if admit_share is None:
+            admit_share = GPU_ADMIT_SHARE if self.on_gpu else 0.0
+        self._admit_share = admit_share
         if not 0 <= self._admit_share <= 1:
             raise ValueError(f"admit_share={self._admit_share}: a share of the lanes, in [0, 1]")
         self._held = 0  # steps the line has waited for its group's lanes
@@ -392,8 +403,8 @@ class WhisperAsr:
         from speechctl.engine import vllm_compat
 
         encoder_prompt = {"prompt": "", "multi_modal_data": {"audio": (audio, RATE)}}
-        if self.config.feature_device is not None:
-            encoder_prompt["mm_processor_kwargs"] = {"device": self.config.feature_device}
+        if self.feature_device != "cpu":
+            encoder_prompt["mm_processor_kwargs"] = {"device": self.feature_device}
         return vllm_compat.render_prompt(self._engine, {
             "encoder_prompt": encoder_prompt, "decoder_prompt": {"prompt_token_ids": list(decoder_prompt)}})
 
@@ -413,8 +424,8 @@ class WhisperAsr:
             self._features = WhisperFeatureExtractor.from_pretrained(str(engine_dir(self.model_dir)))
             self._template = self._render(np.zeros(RATE, dtype=np.float32), [self.vocab.sot])
         audios = [np.asarray(audio, dtype=np.float32) for audio, _ in windows]
-        device = self.config.feature_device
-        if device in (None, "cpu"):
+        device = self.feature_device
+        if device == "cpu":
             features = [self._features(a, sampling_rate=RATE, return_tensors="pt")["input_features"][0] for a in audios]
         else:
             features = list(self._features(audios, sampling_rate=RATE, return_tensors="pt", device=device)["input_features"])

@@ -20,7 +20,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--nar", type=click.Choice(["own", "shared"]), default="own", show_default=True, help="--arnar: the NAR stage's layers, its own or the AR backbone's.")
 @click.option("--workload", is_flag=True, help="Latency under load: Poisson arrivals of mixed requests at several fractions of saturation.")
 @click.option("--rates", default="0.3,0.5,0.7,0.9,1.2", show_default=True, help="--workload: offered loads, as fractions of the saturated rate.")
-@click.option("--eager-codec-rates", default="", help="--workload: these loads again at the end with the codec decoding eagerly (no CUDA graphs), side by side in the run (the loads before them decode in graphs where SPEECHCTL_CODEC_GRAPHS=1).")
+@click.option("--eager-codec-rates", default="", help="--workload: these loads again at the end with the codec decoding eagerly (no CUDA graphs), side by side in the run (the loads before them decode in graphs unless SPEECHCTL_CODEC_GRAPHS=0).")
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
 @click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
 @click.option("--random-weights", is_flag=True, help="--workload, --stream with --model: vLLM draws the model's weights at random (speed does not depend on their values), whatever the checkpoint holds; its codec is read from it. A checkpoint without weight files runs so anyway.")

@@ -43,13 +43,14 @@ MOST_DECODE_GRAPHS = 192
 
 
 def decode_graphs_enabled(codec: "Codec") -> bool:
-    """Decode in CUDA graphs: with ``SPEECHCTL_CODEC_GRAPHS=1``, on CUDA, for a codec whose calls
-    can be given a few shapes (a finite receptive field both ways, DAC and Higgs' tokenizer, or a
-    causal one, Mimi; not EnCodec, whose left context is its whole input and whose right is not
-    empty). Off by default until all of ``tests/test_codecs.py -k cuda`` has passed on a GPU: a
-    wrong graphed decode would be heard (their first run: docs/benchmarks/stream.md)."""
+    """Decode in CUDA graphs: on CUDA, for a codec whose calls can be given a few shapes (a finite
+    receptive field both ways, DAC and Higgs' tokenizer, or a causal one, Mimi; not EnCodec, whose
+    left context is its whole input and whose right is not empty), unless
+    ``SPEECHCTL_CODEC_GRAPHS=0``. On by default since all five of ``tests/test_codecs.py -k cuda``
+    passed on a GPU (H100, 2026-12-05: graphed decodes equal eager, the graphs share one pool);
+    opt-in before, as a wrong graphed decode would be heard."""
     shapeable = bounded(codec.decode_context) or codec.decode_context[1] == 0
-    return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "0") == "1"
+    return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
 
 
 def keep_conv_padding_on_host(model: torch.nn.Module) -> int:
