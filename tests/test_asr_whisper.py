@@ -406,5 +406,7 @@ def test_grouped_admission_starts_windows_together_with_the_same_results(asr, cl
         counted[share] = (asr.stats["admitting_steps"] - before["admitting_steps"], asr.stats["steps"] - before["steps"])
     (grouped, _), (at_once, _) = counted[0.5], counted[0.0]
     assert grouped < at_once, counted
+    list(asr.run([AsrJob(id="d", audio=clips["01"], whisper=GREEDY)]))  # the default: 0.5 on a GPU, 0 on the CPU
+    assert asr._admit_share == (0.5 if asr.on_gpu else 0.0) and asr.config.admit_share is None
     with pytest.raises(ValueError, match="admit_share"):
         next(asr.run([AsrJob(id="x", audio=clips["01"])], admit_share=1.5))
