@@ -33,7 +33,8 @@ def sample_frame(table: SlotTable, rules: FrameRules, logits, aux_logits, given,
     pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
     if given is None:
         aux_logits = aux_logits.float()
-        raw = aux_logits.clone() if repetition else None  # RAS redraws from the model's own logits
+        # RAS redraws from the model's own logits under the rules' masks alone (repetition.py)
+        raw = rules.restrict(aux_logits.clone(), step, table.min_frames[slots]) if repetition else None
         if pairing is not None:
             logits, aux_logits = guide(table, pairing, slots, logits, aux_logits, cfg_filter)
         aux_logits = rules.restrict(aux_logits, step, table.min_frames[slots])

@@ -3,9 +3,17 @@
 transformers' Higgs ``generate``: after the step's tokens are chosen, a codebook's token that
 already appears at least ``max_repeat`` times among that codebook's last ``window`` audio steps
 (the prompt's audio included; BOS and EOS never counted) is replaced by a draw from the raw,
-unfiltered distribution of that codebook (the model's logits, no temperature, no top-k/top-p,
-no rule masking) — in greedy decoding too. Here the draw uses the runtime's counter-based noise
-under its own salt, so it does not depend on the batch either.
+unfiltered distribution of that codebook (the model's logits, no temperature, no top-k/top-p)
+— in greedy decoding too. Here the draw uses the runtime's counter-based noise under its own
+salt, so it does not depend on the batch either.
+
+One difference, on purpose: the draw keeps the rules' masks (``FrameRules.restrict``: a code
+where only a code may stand, EOS only where the audio may end, never PAD). transformers draws
+from the logits before its processors, so a redraw there may pick a special token its delay
+pattern forbids; speechctl's layout refuses such a frame, and the request failed ("a special
+token where a code belongs"): speechctl's own voice, near the end of its audio (repeated silence
+codes, EOS likely in every codebook), met it once in 80 sentences. For Higgs, whose codebooks
+may all take BOS and EOS (an open vocabulary), the masks change nothing past ``min_frames``.
 """
 
 from __future__ import annotations
