@@ -1117,6 +1117,19 @@ def test_a_checkpoints_longest_piece_is_read_from_its_config():
             FAMILY.defaults(None, {"speechctl": {"max_piece_chars": bad}})
 
 
+def test_a_voice_samples_repetition_aware_where_its_generation_config_says():
+    """The voice's generation_config.json may set Higgs' repetition-aware fields (the export's
+    sampling does): the multi-stream family reads them as Higgs' does; absent, none."""
+    from speechctl.models.generic.family import FAMILY
+    from speechctl.models.higgs.family import FAMILY as HIGGS
+
+    generation = {"do_sample": True, "temperature": 0.3, "top_k": 10, "ras_win_len": 5, "ras_win_max_num_repeat": 1}
+    defaults = FAMILY.defaults(generation, {"speechctl": {"max_piece_chars": 80}})
+    assert defaults.repetition == (5, 1) and defaults.max_piece_chars == 80 and defaults.audio.top_k == 10
+    assert HIGGS.defaults(generation).repetition == defaults.repetition
+    assert FAMILY.defaults({"do_sample": True}, {}).repetition is None and FAMILY.defaults(None, {}).repetition is None
+
+
 @pytest.mark.engine
 @needs_espeak
 def test_round_trip_table_hears_the_synthesizer_and_runs_the_voice(lm_parts, tmp_path):
@@ -1143,6 +1156,27 @@ def test_round_trip_table_hears_the_synthesizer_and_runs_the_voice(lm_parts, tmp
     assert "| speechctl's voice, temperature 0, top-k 1 |" in table and "eval-voice" in table
     greedy, guided = ((tmp_path / "out" / f"000-voice-t0-k1{name}.wav").read_bytes() for name in ("", "-cfg0"))
     assert (tmp_path / "out" / "000-voice-t0.8-k5.wav").is_file() and greedy != guided  # the guidance was applied
+
+    # settings are chosen on sentences past the reported ones: --first; repetition-aware sampling
+    # rows beside each sampling row (off, and a window of 3 with 2 repeats)
+    later = eval_voice(model_dir, tmp_path / "data", tmp_path / "later", limit=1, samplings=((0.0, 1),), keep_wavs=0,
+                       first=1, repetitions=((0, 0), (3, 2)))
+    assert later["first"] == 1 and later["utterances"] == 1
+    assert [r["repetition"] for r in later["rows"][2:]] == [[0, 0], [3, 2]]
+    assert later["rows"][3]["audio"].endswith("repetition-aware 3/2")
+    heard = json.loads((tmp_path / "later" / "transcripts.json").read_text())
+    assert [h["text"] for h in heard] == [json.loads((tmp_path / "out" / "transcripts.json").read_text())[1]["text"]]
+    with pytest.raises(ValueError, match="first sentence 99"):
+        eval_voice(model_dir, tmp_path / "data", tmp_path / "bad", limit=1, first=99)
+
+
+def test_eval_voice_reads_its_repetition_rows():
+    from recipes.voice.__main__ import repetition_row
+
+    assert repetition_row("7:2") == (7, 2) and repetition_row("off") == (0, 0) and repetition_row("voice") is None
+    for bad in ("7", "0:2", "x:y", "7:2:1"):
+        with pytest.raises(SystemExit, match=f"--repetition '{bad}'"):
+            repetition_row(bad)
 
 
 def test_the_lm_learns_to_read_its_text(tmp_path):

@@ -20,6 +20,20 @@ def sampling_row(item: str) -> tuple:
         raise SystemExit(f"--sampling {item!r}: expected TEMPERATURE:TOP_K or TEMPERATURE:TOP_K:CFG, e.g. 0.6:20:2")
 
 
+def repetition_row(item: str) -> tuple[int, int] | None:
+    """``WINDOW:MAX_REPEAT`` -> (window, max_repeat); ``off`` -> (0, 0); ``voice`` -> None (the
+    voice's own); a bad one exits with a line naming it."""
+    if item in ("off", "voice"):
+        return (0, 0) if item == "off" else None
+    try:
+        window, repeat = (int(v) for v in item.split(":"))
+        if window < 1 or repeat < 1:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--repetition {item!r}: expected WINDOW:MAX_REPEAT (positive), off or voice, e.g. 7:2")
+    return window, repeat
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.voice", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -65,6 +79,9 @@ def main(argv=None) -> None:
 
     q = sub.add_parser("ship", help="install an exported voice as speechctl's default (speechctl/voices/default/)")
     q.add_argument("model", nargs="?", default=".voice/model")
+
+    q = sub.add_parser("ship-kept", help="make install's step: the newest kept LM and codec (this history), exported "
+                                         "and shipped as speechctl's default voice; nothing where it is already")
 
     q = sub.add_parser("plot", help="loss curves of a checkpoint as PNG")
     q.add_argument("ckpt")
@@ -116,6 +133,11 @@ def main(argv=None) -> None:
     q.add_argument("--sampling", action="append", default=None, metavar="TEMPERATURE:TOP_K[:CFG]",
                    help="a row of the voice per setting, CFG its classifier-free guidance scale (default 1: "
                         "off; the LM must have trained with lm_train.text_dropout) (repeatable; default 0.8:50)")
+    q.add_argument("--repetition", action="append", default=None, metavar="WINDOW:MAX_REPEAT",
+                   help="repetition-aware sampling (off, voice: the voice's own); each sampling row is run with "
+                        "each (repeatable; default voice)")
+    q.add_argument("--first", type=int, default=0,
+                   help="the first held-out sentence read: report on 0 (the first --limit), choose settings from 40 on")
     q.add_argument("--seed", type=int, default=1234)
     q.add_argument("--asr", default="whisper-tiny.en")
 
@@ -178,6 +200,10 @@ def main(argv=None) -> None:
 
         dest = ship(Path(args.model))
         print(f"{dest}: {sizes(dest)['total_bytes'] / 1e6:.1f} MB")
+    elif args.command == "ship-kept":
+        from recipes.voice.export import ship_kept
+
+        ship_kept()
     elif args.command == "plot":
         from recipes.voice.checkpoint import read_record
         from recipes.voice.plots import plot_codec, plot_lm
@@ -225,9 +251,10 @@ def main(argv=None) -> None:
         from recipes.voice.evaluate import eval_voice
 
         samplings = [sampling_row(item) for item in args.sampling or ["0.8:50"]]
+        repetitions = [repetition_row(item) for item in args.repetition or ["voice"]]
         command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
         eval_voice(Path(args.model), Path(args.data), Path(args.out), args.limit, samplings, args.seed, args.asr,
-                   command=command)
+                   command=command, first=args.first, repetitions=repetitions)
     elif args.command == "lm-attention":
         import numpy as np
 

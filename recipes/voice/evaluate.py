@@ -5,6 +5,7 @@ and said by the exported voice through speechctl itself (its prompts, vLLM engin
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -56,8 +57,9 @@ def heldout_split(data_dir: Path, data_config):
     return load_split(data_dir, "heldout")
 
 
-def reconstruct(codec_model: Path, split, n: int) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
-    """The first ``n`` held-out utterances, through the codec and back: (originals, rebuilt, SNRs in dB)."""
+def reconstruct(codec_model: Path, split, n: int, first: int = 0) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+    """``n`` held-out utterances from the ``first``-th, through the codec and back: (originals,
+    rebuilt, SNRs in dB)."""
     import torch
 
     from recipes.voice.codes import load_codec_model
@@ -66,7 +68,7 @@ def reconstruct(codec_model: Path, split, n: int) -> tuple[list[np.ndarray], lis
     hop = math.prod(model.config.downsampling_ratios)
     originals, rebuilt, snrs = [], [], []
     with torch.no_grad():
-        for i in range(n):
+        for i in range(first, first + n):
             x = split.wave(i)
             padded = np.zeros(-(-len(x) // hop) * hop, np.float32)
             padded[: len(x)] = x
@@ -113,13 +115,17 @@ def eval_codec(codec_model: Path, data_dir: Path, out: Path, limit: int | None =
 
 
 def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samplings=((0.8, 50),), seed: int = 1234,
-               asr: str = "whisper-tiny.en", keep_wavs: int = 4, command: str | None = None) -> dict:
-    """Issue 20's round-trip table on the first ``limit`` held-out sentences: Whisper's WER on
-    espeak-ng's audio, on the exported voice's codec reconstruction of that audio, and on the voice
-    saying the sentences through speechctl's API (``Speech(model_dir)``), one row per sampling
-    setting (temperature, top-k and, where a third value is given, the classifier-free guidance
-    scale; one seed per sentence) — the one to ship is the best row. Writes
-    report.json, transcripts.json, table.md (with ``command``) and a few wavs to ``out``."""
+               asr: str = "whisper-tiny.en", keep_wavs: int = 4, command: str | None = None, first: int = 0,
+               repetitions=(None,)) -> dict:
+    """Issue 20's round-trip table on ``limit`` held-out sentences from the ``first``-th: Whisper's
+    WER on espeak-ng's audio, on the exported voice's codec reconstruction of that audio, and on
+    the voice saying the sentences through speechctl's API (``Speech(model_dir)``), one row per
+    sampling setting (temperature, top-k and, where a third value is given, the classifier-free
+    guidance scale; one seed per sentence) and repetition-aware sampling (``repetitions``: (window,
+    max_repeat), (0, 0) off, None the voice's own). The sentences reported are the first 40;
+    settings are chosen on others (``first`` = 40 on): a setting picked on the sentences it is
+    reported on reads better than it is. Writes report.json, transcripts.json, table.md (with
+    ``command``) and a few wavs to ``out``."""
     import soundfile as sf
 
     from recipes.voice.config import Recipe
@@ -129,10 +135,12 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
     model_dir, out = Path(model_dir), Path(out)
     recipe = Recipe.from_dict(json.loads((model_dir / "speechctl.json").read_text())["recipe"])
     split = heldout_split(data_dir, recipe.data)
-    n = min(limit, len(split))
-    texts = split.text[:n]
+    if not 0 <= first < len(split):
+        raise ValueError(f"first sentence {first} is outside the {len(split)} held-out sentences")
+    n = min(limit, len(split) - first)
+    texts = split.text[first:first + n]
     out.mkdir(parents=True, exist_ok=True)
-    originals, rebuilt, snrs = reconstruct(model_dir / "codec", split, n)
+    originals, rebuilt, snrs = reconstruct(model_dir / "codec", split, n, first)
     whisper = load_asr(asr)  # one Whisper engine beside the voice's for the whole table
     speech = None
     try:
@@ -141,11 +149,14 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
                  "snr_db_mean": round(float(np.mean(snrs)), 2)}]
         speech = Speech(model_dir)
         rate = speech.sample_rate
-        for temperature, top_k, *guided in samplings:
+        for (temperature, top_k, *guided), repetition in itertools.product(samplings, repetitions):
             scale = guided[0] if guided else 1.0
-            jobs = [TtsJob(id=str(i), text=t, audio_sampling=Sampling(temperature, top_k), seed=seed + i,
-                           guidance=Guidance(scale=scale)) for i, t in enumerate(texts)]
+            jobs = [TtsJob(id=str(i), text=t, audio_sampling=Sampling(temperature, top_k), seed=seed + first + i,
+                           guidance=Guidance(scale=scale), repetition=repetition) for i, t in enumerate(texts)]
             cfg, named = (f", CFG {scale:g}", f"-cfg{scale:g}") if scale != 1.0 else ("", "")
+            if repetition is not None:
+                ras = "off" if repetition == (0, 0) else f"{repetition[0]}/{repetition[1]}"
+                cfg, named = f"{cfg}, repetition-aware {ras}", f"{named}-ras{ras.replace('/', '-')}"
             results = {r.id: r for r in speech.run(jobs)}
             failed = [r.error for r in results.values() if r.error]
             if failed:
@@ -155,6 +166,7 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
                 sf.write(out / f"{i:03d}-voice-t{temperature:g}-k{top_k}{named}.wav", waves[i], rate)
             rows.append({"audio": f"speechctl's voice, temperature {temperature:g}, top-k {top_k}{cfg}",
                          "temperature": temperature, "top_k": top_k, "cfg_scale": scale,
+                         "repetition": list(repetition) if repetition is not None else None,
                          "hyps": transcribe(waves, whisper, rate),
                          "seconds_of_audio": round(sum(len(w) for w in waves) / rate, 1)})
     finally:
@@ -163,12 +175,13 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
         whisper.close()
     for row in rows:
         row["wer"] = round(wer(texts, row["hyps"]), 4)
-    report = {"utterances": n, "asr": asr, "seed": seed, "model": str(model_dir), "command": command,
+    report = {"utterances": n, "first": first, "asr": asr, "seed": seed, "model": str(model_dir), "command": command,
               "rows": [{k: v for k, v in r.items() if k != "hyps"} for r in rows]}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "transcripts.json").write_text(json.dumps(
         [{"text": t, **{r["audio"]: r["hyps"][i] for r in rows}} for i, t in enumerate(texts)], indent=2))
-    lines = [f"Whisper ({asr}) on {n} held-out sentences the voice never trained on", "",
+    lines = [f"Whisper ({asr}) on {n} held-out sentences the voice never trained on"
+             + (f" (from the {first}-th)" if first else ""), "",
              "| audio | WER |", "|---|---|"] + [f"| {r['audio']} | {r['wer']:.3f} |" for r in rows]
     if command:
         lines += ["", "```sh", command, "```"]

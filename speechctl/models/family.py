@@ -135,6 +135,13 @@ def sampling_from(values: Mapping[str, Any]) -> Sampling:
     return Sampling(temperature=float(values["temperature"]), top_k=int(values["top_k"] or 0), top_p=float(values["top_p"]))
 
 
+def repetition_from(values: Mapping[str, Any]) -> Repetition | None:
+    """Repetition-aware sampling as generation_config fields set it (Higgs' ``ras_win_len`` and
+    ``ras_win_max_num_repeat``; transformers' Higgs ``generate`` applies it where both are set)."""
+    window, repeat = values.get("ras_win_len"), values.get("ras_win_max_num_repeat")
+    return Repetition(int(window), int(repeat)) if window and repeat else None
+
+
 class Family:
     """One architecture. Subclasses set the class attributes and override what differs."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from speechctl.engine.end_rules import EndRules
 from speechctl.engine.streams import DelayPattern, StreamSpec
-from speechctl.models.family import CodecLocation, Family, GenerationDefaults, Repetition, processor_codec, sampling_from
+from speechctl.models.family import CodecLocation, Family, GenerationDefaults, processor_codec, repetition_from, sampling_from
 
 
 def higgs_audio_v2_spec(config: Mapping[str, Any]) -> StreamSpec:
@@ -63,9 +63,8 @@ class HiggsAudioV2(Family):
         ``ras_win_max_num_repeat`` are set (transformers' ``generate`` applies it then)."""
         if generation is None:
             return GenerationDefaults()
-        window, repeat = generation.get("ras_win_len"), generation.get("ras_win_max_num_repeat")
-        repetition = Repetition(int(window), int(repeat)) if window and repeat else None
-        return GenerationDefaults(audio=sampling_from(generation), repetition=repetition, source="generation_config.json")
+        return GenerationDefaults(audio=sampling_from(generation), repetition=repetition_from(generation),
+                                  source="generation_config.json")
 
 
 FAMILY = HiggsAudioV2()
