@@ -14,9 +14,15 @@ VLLM_CUDA_SPEC ?= vllm==0.26.0
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PYTEST_ARGS ?=
 
-.PHONY: install test clean portaudio espeak
+.PHONY: install test clean portaudio espeak voice
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed voice
+
+# speechctl's own voice (speechctl/voices/default/, the default model): the newest LM and codec kept
+# in this repository's history, exported there; a no-op while it is current. Without git history it
+# says so, and the default is the random `tiny`.
+voice: $(VENV)/.installed
+	$(PY) -m recipes.voice ship-kept
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@$(MAKE) --no-print-directory portaudio

@@ -7,6 +7,7 @@ the default, not how it sounds (tests/test_voice_speaks.py listens to the real o
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,12 +26,12 @@ from speechctl.models import catalog  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def exported_voice(tmp_path_factory):
-    """A toy voice as `python -m recipes.voice export` writes it."""
+def voice_parts(tmp_path_factory):
+    """A toy voice's LM checkpoint and codec, as recipes/voice trains them (random codes, two
+    steps): (lm, codec_model, recipe)."""
     import torch
 
     from recipes.voice.lm import LMTrainer
-    from recipes.voice.stages import run_export
     from test_voice_recipe import fake_codec_model, fake_codes, tiny_recipe
 
     tmp = tmp_path_factory.mktemp("voice")
@@ -46,7 +47,16 @@ def exported_voice(tmp_path_factory):
         trainer.save(tmp / "lm")
     finally:
         torch.set_num_threads(threads)
-    return run_export(tmp / "lm", fake_codec_model(tmp / "codec-model", recipe), tmp / "model",
+    return tmp / "lm", fake_codec_model(tmp / "codec-model", recipe), recipe
+
+
+@pytest.fixture(scope="module")
+def exported_voice(voice_parts):
+    """A toy voice as `python -m recipes.voice export` writes it."""
+    from recipes.voice.stages import run_export
+
+    lm, codec_model, recipe = voice_parts
+    return run_export(lm, codec_model, lm.parent / "model",
                       sampling={"do_sample": True, "temperature": 0.7, "top_k": 20}), recipe
 
 
@@ -95,6 +105,8 @@ def test_a_shipped_voice_is_the_default_with_its_own_sampling(package_voice, exp
     assert info["name"] == "voice" and info["codebooks"] == recipe.codec.n_codebooks and info["missing"] == "nothing"
     assert info["description"] == catalog.BUILTIN["voice"]
     assert voices.provenance()["made_by"].startswith("recipes/voice")
+    step = voices.provenance()["lm"]["step"]
+    assert info["made_by"].startswith(f"recipes/voice (speechctl issue 20): LM step {step:,}") and "espeak-ng" in info["made_by"]
     # shipping again replaces the old voice whole, never leaving a half-copied one
     (package_voice / "stale.bin").write_bytes(b"old")
     ship(model)
@@ -136,3 +148,80 @@ def test_tts_without_a_model_speaks_with_the_shipped_voice(package_voice, export
     described = CliRunner().invoke(cli, ["models"], catch_exceptions=False)
     assert "voice" in described.stdout and "not in this install" not in described.stdout
     assert json.loads((package_voice / "generation_config.json").read_text())["top_k"] == 20
+
+
+def test_make_install_ships_the_newest_kept_voice_once(package_voice, voice_parts, monkeypatch, tmp_path):
+    """`make install`'s voice step (``ship_kept``): the newest keep merge's LM and codec exported
+    into the package, recorded; a no-op while that merge is the newest; again after a new keep;
+    without git history a note and the random default, the shipped voice untouched."""
+    from recipes.voice import export as export_module, keep
+    from recipes.voice.export import ship_kept
+
+    lm, codec_model, _ = voice_parts
+    merges, restored, lines = ["a" * 40], [], []
+
+    def restore(root, repo, commit=None):  # keep.restore itself: test_voice_recipe's keep test
+        restored.append(root)
+        shutil.copytree(lm, root / "unpacked" / "lm")
+        shutil.copytree(codec_model, root / "unpacked" / "codec-model")
+        return ["codec", "lm"]
+
+    monkeypatch.setattr(keep, "keep_merges", lambda repo: list(merges))
+    monkeypatch.setattr(keep, "restore", restore)
+    assert not voices.is_shipped() and catalog.default_model() == "tiny"
+    assert ship_kept(tmp_path, log=lines.append) == package_voice
+    assert voices.is_shipped() and voices.provenance()["kept"] == "a" * 40 and len(restored) == 1
+    assert (package_voice / "README.md").read_text() == "the shipped voice\n"
+    assert catalog.default_model() == "voice" and voices.unavailable() is None
+    assert lines[-1].startswith("speechctl's voice (keep aaaaaaaaaa)")
+    assert ship_kept(tmp_path, log=lines.append) == package_voice and len(restored) == 1  # current: nothing done
+    merges.insert(0, "b" * 40)
+    ship_kept(tmp_path, log=lines.append)
+    assert len(restored) == 2 and voices.provenance()["kept"] == "b" * 40
+    # new export defaults (a better sampling found after the keep) ship it again
+    monkeypatch.setattr(export_module, "SAMPLING", {**export_module.SAMPLING, "top_k": 7})
+    ship_kept(tmp_path, log=lines.append)
+    assert len(restored) == 3 and catalog.resolve_checkpoint(None).defaults.audio.top_k == 7
+    ship_kept(tmp_path, log=lines.append)
+    assert len(restored) == 3
+
+    def no_history(repo):
+        raise keep.KeepError("git log --merges: not a git repository")
+
+    monkeypatch.setattr(keep, "keep_merges", no_history)
+    assert ship_kept(tmp_path, log=lines.append) is None
+    assert lines[-1].startswith("note: ") and "random `tiny`" in lines[-1] and "\n" not in lines[-1]
+    assert voices.provenance()["kept"] == "b" * 40  # what was shipped stays
+
+
+def test_a_voice_that_reads_phonemes_without_espeak_ng_is_not_the_default(package_voice, exported_voice, monkeypatch,
+                                                                           engines_of_this_module):
+    """A shipped voice that reads espeak-ng's phonemes where libespeak-ng is missing: the default
+    falls back to `tiny`, and the CLI's notice says why in one line."""
+    from recipes.voice.export import ship
+    from speechctl import phonemes
+    from speechctl.cli import cli
+
+    model, _ = exported_voice
+    ship(model)
+    config = json.loads((package_voice / "config.json").read_text())
+    config["speechctl"]["text_input"] = "phonemes"
+    (package_voice / "config.json").write_text(json.dumps(config))
+
+    def missing():
+        raise OSError("libespeak-ng.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(phonemes, "load_library", missing)
+    why = voices.unavailable()
+    assert why is not None and "espeak-ng is not installed" in why and "\n" not in why
+    assert catalog.default_model() == "tiny"
+    try:
+        result = CliRunner().invoke(cli, ["tts", "Hi.", "-o", str(package_voice.parent / "hi.wav"), "--max-seconds", "0.2"],
+                                    catch_exceptions=False)
+    finally:
+        from speechctl import api
+
+        api.close_shared()
+    assert result.exit_code == 0, result.stderr
+    notice = [line for line in result.stderr.splitlines() if "noise" in line]
+    assert len(notice) == 1 and "espeak-ng is not installed" in notice[0] and "`tiny`" in notice[0]

@@ -35,11 +35,12 @@ MAX_PIECE_CHARS = 80
 
 
 def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None,
-           max_piece_chars: int | None = None) -> Path:
+           max_piece_chars: int | None = None, kept: str | None = None) -> Path:
     """``lm_dir``: an LM checkpoint (state.pt + recipe.json); ``codec_model_dir``: the codec the
     LM was trained on (``codec.save_codec_model``); ``sampling``: the generation_config fields of
     the voice's default sampling (default ``SAMPLING``); ``max_piece_chars``: the longest piece of
-    text the voice speaks in one request (default ``MAX_PIECE_CHARS``). Writes ``out`` (replaced)."""
+    text the voice speaks in one request (default ``MAX_PIECE_CHARS``); ``kept``: the keep merge
+    its packs came from (``ship_kept``), recorded. Writes ``out`` (replaced)."""
     import transformers
     from safetensors.torch import save_file
 
@@ -52,7 +53,8 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     recipe = Recipe.from_dict(record["recipe"])
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    skeleton(recipe, tmp, max_piece_chars or MAX_PIECE_CHARS)
+    sampling, max_piece_chars = sampling or SAMPLING, max_piece_chars or MAX_PIECE_CHARS
+    skeleton(recipe, tmp, max_piece_chars)
     config = transformers.AutoConfig.from_pretrained(tmp)
     model = SpeechLM(config)
     load_state(lm_dir, {"lm": model}, {})
@@ -68,13 +70,15 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     if codec_config["n_codebooks"] != len(config.speechctl["delays"]) or \
             codec_config["codebook_size"] != config.speechctl["codebook_size"]:
         raise RuntimeError("the codec's codebooks are not the LM's")
-    (tmp / "generation_config.json").write_text(json.dumps(sampling or SAMPLING, indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(json.dumps(sampling, indent=2) + "\n")
     (tmp / "speechctl.json").write_text(json.dumps({
         "recipe": recipe.to_dict(),
         "made_by": "recipes/voice (speechctl issue 20)",
         "lm": {"step": record["step"], "codes_sha256": record.get("codes_sha256"), "runs": record.get("runs"),
                "heldout": record.get("heldout")},
         "codec_dir_source": str(codec_model_dir),
+        "export": {"sampling": sampling, "max_piece_chars": max_piece_chars},
+        **({"kept": kept} if kept else {}),
         "text": "The Devil's Dictionary by Ambrose Bierce (1911, public domain) and SCOWL word lists "
                 "(Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
         "speech": "espeak-ng (GPL-3.0-or-later), voice " + recipe.data.voice,
@@ -108,6 +112,41 @@ def ship(model_dir: Path, dest: Path | None = None) -> Path:
     tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def ship_kept(repo: Path = Path("."), dest: Path | None = None, log=print) -> Path | None:
+    """``make install``'s step: the newest LM and codec kept in ``repo``'s history (``keep``),
+    exported with the voice's defaults and shipped as speechctl's default voice, unless the one
+    shipped came from the same keep merge with the same defaults already. The weights travel in the history, out of the
+    tree (a device call carries the tree; 49 MB more would not fit beside vLLM's bundle). None,
+    with a note, where there is nothing to ship: no git history (an unpacked archive) or no keep."""
+    import tempfile
+
+    from recipes.voice import keep
+    from recipes.voice.stages import run_export
+    from speechctl.voices import provenance, voice_dir
+
+    dest = Path(dest or voice_dir())
+    try:
+        merges = keep.keep_merges(Path(repo))
+    except (keep.KeepError, OSError) as e:
+        log(f"note: speechctl's voice is built from this repository's history, and there is none here ({e}); "
+            "the default model is the random `tiny`")
+        return None
+    if not merges:
+        log("note: no voice is kept in this history; the default model is the random `tiny`")
+        return None
+    shipped = provenance(dest)
+    if shipped.get("kept") == merges[0] and shipped.get("export") == {"sampling": SAMPLING, "max_piece_chars": MAX_PIECE_CHARS}:
+        return dest  # current: the newest keep, exported with today's defaults
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        keep.restore(root, Path(repo))
+        model = run_export(root / "unpacked" / "lm", root / "unpacked" / "codec-model", root / "model", kept=merges[0],
+                           log=lambda line: None)
+        shipped = ship(model, dest)
+    log(f"speechctl's voice (keep {merges[0][:10]}): {shipped}, {sizes(shipped)['total_bytes'] / 1e6:.1f} MB")
+    return shipped
 
 
 def sizes(path: Path) -> dict:

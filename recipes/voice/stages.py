@@ -309,9 +309,9 @@ def _codec_for_lm(carried: Path, work: Path) -> Path:
 
 
 def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None, sampling: dict | None = None,
-               max_piece_chars: int | None = None) -> Path:
-    """``export`` checked against the codes the LM learnt (``sampling``, ``max_piece_chars``:
-    ``export``'s, None its defaults)."""
+               max_piece_chars: int | None = None, kept: str | None = None, log=print) -> Path:
+    """``export`` checked against the codes the LM learnt (``sampling``, ``max_piece_chars``,
+    ``kept``: ``export``'s, None its defaults)."""
     from recipes.voice.codes import codes_identity
     from recipes.voice.export import export, sizes
 
@@ -321,9 +321,9 @@ def run_export(lm: Path, codec_model: Path, dest: Path, out: Path | None = None,
     if want and want != have:
         raise RuntimeError(f"{codec_model} does not give the codes {lm} was trained on "
                            f"(encoder and quantizer sha256 {have[:16]} vs {want[:16]})")
-    path = export(lm, codec_model, dest, sampling, max_piece_chars)
+    path = export(lm, codec_model, dest, sampling, max_piece_chars, kept)
     info = sizes(path)
-    print(json.dumps(info, indent=2))
+    log(json.dumps(info, indent=2))
     if out is not None:
         checkpoint.pack(path, out, "model")
     return path

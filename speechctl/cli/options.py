@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from speechctl import voices
 from speechctl.errors import InputError, SpeechctlError
 
 
@@ -95,7 +96,8 @@ class EngineChoice:
         key = ("speech", self.model, tuple(sorted(self.config.items())))
         speech = shared(key, lambda: Speech(self.model, engine_config=EngineConfig(**self.config)))
         if speech.checkpoint.name == "tiny":
-            _NOTICES.append(("speechctl's own voice is not in this install, so the default is " if self.model is None else "")
+            why = voices.unavailable() if self.model is None and not os.environ.get("SPEECHCTL_MODEL") else None
+            _NOTICES.append((f"{why}, so the default is " if why else "")
                             + "the built-in `tiny` model, of random weights: its audio is noise (--model for a real checkpoint)")
         return speech
 

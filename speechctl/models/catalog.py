@@ -27,9 +27,9 @@ BUILTIN = {
 
 def default_model() -> str:
     """The model used when none is named: ``$SPEECHCTL_MODEL`` if set, else speechctl's own
-    voice where this install ships it, else the random ``tiny`` (whose output is noise, and the
-    CLI says so)."""
-    return os.environ.get("SPEECHCTL_MODEL") or (VOICE if voices.is_shipped() else "tiny")
+    voice where this install ships it and it can run (``voices.unavailable``), else the random
+    ``tiny`` (whose output is noise, and the CLI says so and why)."""
+    return os.environ.get("SPEECHCTL_MODEL") or (VOICE if voices.unavailable() is None else "tiny")
 
 
 def resolve_model(name: str | None) -> Path:
@@ -139,6 +139,13 @@ def describe_model(name: str | None) -> dict:
         missing.append(f"codec: {e}")
     info.update(checkpoint.family.describe(config))  # a family's own lines (AR+NAR: its two stages)
     info["context_limit"] = checkpoint.context_limit
+    made = voices.provenance(checkpoint.path)  # a recipes/voice export says what made it
+    if made.get("lm"):
+        loss = (made["lm"].get("heldout") or {}).get("heldout_loss")
+        info["made_by"] = (f"{made.get('made_by', 'recipes/voice')}: LM step {made['lm']['step']:,}"
+                           + (f", held-out loss {loss:.3f}" if loss is not None else "")
+                           + (f"; kept in this repository's history at {made['kept'][:10]}" if made.get("kept") else "")
+                           + (f"; speech by {made['speech']}" if made.get("speech") else ""))
     info["generation_defaults"] = describe_defaults(checkpoint.defaults)
     info["missing"] = "; ".join(missing) or "nothing"
     if info["name"] in BUILTIN:

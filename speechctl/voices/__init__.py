@@ -2,8 +2,11 @@
 speech (issue 20), shipped inside the package as ``speechctl/voices/default/`` (the directory
 ``python -m recipes.voice export`` writes) and used when no ``--model`` is given.
 
-An install whose ``default/`` holds no weights (a checkout from before they were trained) falls
-back to the random ``tiny``, and says so: see ``speechctl.models.catalog.default_model``."""
+``make install`` puts it there (``python -m recipes.voice ship-kept``: the newest LM and codec kept
+in the repository's history, exported); the weights stay out of the repository's tree. An install
+without them (no git history), or where the voice cannot run (it reads espeak-ng's phonemes and
+espeak-ng is missing), falls back to the random ``tiny``, and says why: see
+``speechctl.models.catalog.default_model`` and ``unavailable``."""
 
 from __future__ import annotations
 
@@ -25,6 +28,26 @@ def is_shipped(path: Path | None = None) -> bool:
     path = voice_dir() if path is None else path
     return all((path / name).is_file() for name in ("config.json", "model.safetensors", "codec/config.json",
                                                     "codec/model.safetensors"))
+
+
+def unavailable(path: Path | None = None) -> str | None:
+    """Why the voice at ``path`` (default: the package's) cannot speak here, in a few words for a
+    notice; None when it can."""
+    path = voice_dir() if path is None else path
+    if not is_shipped(path):
+        return f"speechctl's own voice is not in this install ({path} holds no weights: make install puts it there)"
+    try:
+        reads = json.loads((path / "config.json").read_text()).get("speechctl", {}).get("text_input", "text")
+    except (OSError, ValueError):
+        return f"speechctl's own voice has an unreadable config.json ({path})"
+    if reads == "phonemes":
+        from speechctl.phonemes import load_library
+
+        try:
+            load_library()
+        except OSError:
+            return "speechctl's own voice reads espeak-ng's phonemes, and espeak-ng is not installed (apt-get install espeak-ng)"
+    return None
 
 
 def provenance(path: Path | None = None) -> dict:
