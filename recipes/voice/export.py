@@ -117,9 +117,10 @@ def ship(model_dir: Path, dest: Path | None = None) -> Path:
 def ship_kept(repo: Path = Path("."), dest: Path | None = None, log=print) -> Path | None:
     """``make install``'s step: the newest LM and codec kept in ``repo``'s history (``keep``),
     exported with the voice's defaults and shipped as speechctl's default voice, unless the one
-    shipped came from the same keep merge with the same defaults already. The weights travel in the history, out of the
-    tree (a device call carries the tree; 49 MB more would not fit beside vLLM's bundle). None,
-    with a note, where there is nothing to ship: no git history (an unpacked archive) or no keep."""
+    shipped came from the same keep merge with the same defaults already. The weights travel in
+    the history, out of the tree (a device call carries the tree; 49 MB more would not fit beside
+    vLLM's bundle). None, with a note, where there is nothing to ship: no git history (an
+    unpacked archive) or no keep."""
     import tempfile
 
     from recipes.voice import keep
@@ -137,7 +138,8 @@ def ship_kept(repo: Path = Path("."), dest: Path | None = None, log=print) -> Pa
         log("note: no voice is kept in this history; the default model is the random `tiny`")
         return None
     shipped = provenance(dest)
-    if shipped.get("kept") == merges[0] and shipped.get("export") == {"sampling": SAMPLING, "max_piece_chars": MAX_PIECE_CHARS}:
+    today = {"sampling": SAMPLING, "max_piece_chars": MAX_PIECE_CHARS}
+    if shipped.get("kept") == merges[0] and shipped.get("export") == today:
         return dest  # current: the newest keep, exported with today's defaults
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
