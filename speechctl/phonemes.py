@@ -34,6 +34,19 @@ def load_library() -> ctypes.CDLL:
     return lib
 
 
+MISSING = "this voice reads espeak-ng's phonemes: install espeak-ng (Debian/Ubuntu: apt-get install espeak-ng)"
+
+
+def missing() -> str | None:
+    """Why this process cannot phonemize (``MISSING``: libespeak-ng is not installed); None when
+    it can (the library loads)."""
+    try:
+        load_library()
+    except OSError:
+        return MISSING
+    return None
+
+
 def phonemes_with(lib, text: str) -> str:
     """The phonemes of ``text`` by ``lib`` (``load_library``'s, initialized, its voice set)."""
     data = text.encode()
@@ -77,8 +90,7 @@ def phonemize(text: str, voice: str = "en-us") -> str:
             try:
                 lib = load_library()
             except OSError as e:
-                raise ModelError("this voice reads espeak-ng's phonemes: install espeak-ng "
-                                 "(Debian/Ubuntu: apt-get install espeak-ng)") from e
+                raise ModelError(MISSING) from e
             data = os.environ.get("ESPEAK_NG_DATA")
             lib.espeak_ng_InitializePath(data.encode() if data else None)
             context = ctypes.c_void_p()

@@ -153,18 +153,19 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
             scale = guided[0] if guided else 1.0
             jobs = [TtsJob(id=str(i), text=t, audio_sampling=Sampling(temperature, top_k), seed=seed + first + i,
                            guidance=Guidance(scale=scale), repetition=repetition) for i, t in enumerate(texts)]
-            cfg, named = (f", CFG {scale:g}", f"-cfg{scale:g}") if scale != 1.0 else ("", "")
+            # the row's settings past temperature and top-k: in its label and in its wavs' names
+            label, suffix = (f", CFG {scale:g}", f"-cfg{scale:g}") if scale != 1.0 else ("", "")
             if repetition is not None:
                 ras = "off" if repetition == (0, 0) else f"{repetition[0]}/{repetition[1]}"
-                cfg, named = f"{cfg}, repetition-aware {ras}", f"{named}-ras{ras.replace('/', '-')}"
+                label, suffix = f"{label}, repetition-aware {ras}", f"{suffix}-ras{ras.replace('/', '-')}"
             results = {r.id: r for r in speech.run(jobs)}
             failed = [r.error for r in results.values() if r.error]
             if failed:
                 raise RuntimeError(f"the voice failed on {len(failed)} sentences: {failed[0]}")
             waves = [results[str(i)].audio for i in range(n)]
             for i in range(min(keep_wavs, n)):
-                sf.write(out / f"{i:03d}-voice-t{temperature:g}-k{top_k}{named}.wav", waves[i], rate)
-            rows.append({"audio": f"speechctl's voice, temperature {temperature:g}, top-k {top_k}{cfg}",
+                sf.write(out / f"{i:03d}-voice-t{temperature:g}-k{top_k}{suffix}.wav", waves[i], rate)
+            rows.append({"audio": f"speechctl's voice, temperature {temperature:g}, top-k {top_k}{label}",
                          "temperature": temperature, "top_k": top_k, "cfg_scale": scale,
                          "repetition": list(repetition) if repetition is not None else None,
                          "hyps": transcribe(waves, whisper, rate),

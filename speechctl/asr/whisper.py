@@ -182,6 +182,9 @@ class WhisperAsr:
         if self.config.feature_device not in (None, "cpu") and not self.on_gpu:
             raise SpeechctlError(f"WhisperConfig.feature_device={self.config.feature_device!r}: no GPU here")
         self.feature_device = self.config.feature_device or ("cuda" if self.on_gpu else "cpu")
+        self.admit_share = self.config.admit_share
+        if self.admit_share is None:
+            self.admit_share = GPU_ADMIT_SHARE if self.on_gpu else 0.0
         args = self.config.engine_args(engine_dir(self.model_dir), self.on_gpu)
         vllm_compat.keep_whisper_decoder_prompts()
         with vllm_compat.other_engines_keep_their_graphs():
@@ -253,11 +256,7 @@ class WhisperAsr:
         exhausted = False
         budget = 2 * self.config.max_num_seqs  # windows in flight
         self._line_seen = None
-        if admit_share is None:
-            admit_share = self.config.admit_share
-        if admit_share is None:
-            admit_share = GPU_ADMIT_SHARE if self.on_gpu else 0.0
-        self._admit_share = admit_share
+        self._admit_share = self.admit_share if admit_share is None else admit_share
         if not 0 <= self._admit_share <= 1:
             raise ValueError(f"admit_share={self._admit_share}: a share of the lanes, in [0, 1]")
         self._held = 0  # steps the line has waited for its group's lanes

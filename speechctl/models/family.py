@@ -190,10 +190,12 @@ class Family:
 
     def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
         """The generation defaults of a checkpoint whose generation_config.json is ``generation``
-        (None: it has none, and speechctl's defaults apply) and whose config.json is ``config``."""
+        (None: it has none, and speechctl's defaults apply) and whose config.json is ``config``:
+        its sampling, and repetition-aware sampling where it sets Higgs' fields."""
         if generation is None:
             return GenerationDefaults()
-        return GenerationDefaults(audio=sampling_from(generation), source="generation_config.json")
+        return GenerationDefaults(audio=sampling_from(generation), repetition=repetition_from(generation),
+                                  source="generation_config.json")
 
     def prompt_builder(self, spec: StreamSpec, tokenizer, config: Mapping[str, Any] | None = None):
         module, name = self.prompts.split(":")

@@ -41,12 +41,9 @@ def unavailable(path: Path | None = None) -> str | None:
     except (OSError, ValueError):
         return f"speechctl's own voice has an unreadable config.json ({path})"
     if reads == "phonemes":
-        from speechctl.phonemes import load_library
+        from speechctl import phonemes
 
-        try:
-            load_library()
-        except OSError:
-            return "speechctl's own voice reads espeak-ng's phonemes, and espeak-ng is not installed (apt-get install espeak-ng)"
+        return phonemes.missing()
     return None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import ModelError
-from speechctl.models.family import CfgConvention, CodecLocation, Family, GenerationDefaults, repetition_from
+from speechctl.models.family import CfgConvention, CodecLocation, Family, GenerationDefaults
 
 
 class MultiStream(Family):
@@ -26,12 +26,9 @@ class MultiStream(Family):
         return StreamSpec.from_dict(config.get("speechctl") or {})
 
     def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
-        """As every family's, with repetition-aware sampling where generation_config.json sets it
-        (Higgs' fields; speechctl's voice samples with it), and the ``speechctl`` section's
-        ``max_piece_chars`` (a voice that reads best in shorter pieces than speechctl's default)."""
+        """As every family's, and the ``speechctl`` section's ``max_piece_chars`` (a voice that
+        reads best in shorter pieces than speechctl's default)."""
         base = super().defaults(generation, config)
-        if generation is not None:
-            base = replace(base, repetition=repetition_from(generation))
         chars = ((config or {}).get("speechctl") or {}).get("max_piece_chars")
         if chars is None:
             return base

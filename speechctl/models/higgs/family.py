@@ -10,7 +10,7 @@ from typing import Any
 
 from speechctl.engine.end_rules import EndRules
 from speechctl.engine.streams import DelayPattern, StreamSpec
-from speechctl.models.family import CodecLocation, Family, GenerationDefaults, processor_codec, repetition_from, sampling_from
+from speechctl.models.family import CodecLocation, Family, processor_codec
 
 
 def higgs_audio_v2_spec(config: Mapping[str, Any]) -> StreamSpec:
@@ -58,13 +58,6 @@ class HiggsAudioV2(Family):
         reads those): a local directory, or a hub id resolved through the Hugging Face cache."""
         return processor_codec(path, ("audio_tokenizer", "codec"))
 
-    def defaults(self, generation: dict | None, config: Mapping[str, Any] | None = None) -> GenerationDefaults:
-        """Its sampling, and repetition-aware sampling where ``ras_win_len`` and
-        ``ras_win_max_num_repeat`` are set (transformers' ``generate`` applies it then)."""
-        if generation is None:
-            return GenerationDefaults()
-        return GenerationDefaults(audio=sampling_from(generation), repetition=repetition_from(generation),
-                                  source="generation_config.json")
 
 
 FAMILY = HiggsAudioV2()
