@@ -116,6 +116,7 @@ def fox_through_the_cli(tmp_path_factory):
     seed): (tts's result, asr's result)."""
     import os
 
+    from speechctl import api
     from speechctl.cli import cli
 
     wav = tmp_path_factory.mktemp("fox") / "fox.wav"
@@ -124,6 +125,7 @@ def fox_through_the_cli(tmp_path_factory):
         spoken = CliRunner().invoke(cli, ["tts", FOX, "-o", str(wav), "--seed", "1"], catch_exceptions=False)
         heard = CliRunner().invoke(cli, ["asr", str(wav)], catch_exceptions=False)
     finally:
+        api.close_shared()  # the CLI's engine for "no model" is the voice's: not for later tests
         if saved is not None:
             os.environ["SPEECHCTL_MODEL"] = saved
     return spoken, heard
@@ -174,8 +176,13 @@ def batch_of_twenty(voice, whisper, tmp_path_factory):
     texts = heldout()[:20]
     manifest = tmp / "items.jsonl"
     manifest.write_text("".join(json.dumps({"id": f"s{i}", "task": "tts", "text": t, "seed": i}) + "\n" for i, t in enumerate(texts)))
-    result = CliRunner().invoke(cli, ["batch", str(manifest), "--out-dir", str(tmp / "out"), "--model", "voice"],
-                                catch_exceptions=False)
+    try:
+        result = CliRunner().invoke(cli, ["batch", str(manifest), "--out-dir", str(tmp / "out"), "--model", "voice"],
+                                    catch_exceptions=False)
+    finally:
+        from speechctl import api
+
+        api.close_shared()  # the CLI's engines stay open within a process: not for later tests
     assert result.exit_code == 0, result.stderr
     waves = [sf.read(tmp / "out" / f"s{i}.wav", dtype="float32")[0] for i in range(len(texts))]
     assert all(len(w) > 0 for w in waves)
