@@ -44,6 +44,15 @@ def gpu_memory_share(default: float | None = None) -> float | None:
     return default if share is None else share
 
 
+def device_bytes_in_use() -> int:
+    """Bytes of the GPU in use by every process on it, less the blocks this process's caching
+    allocator holds unused (this process can allocate those again)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return total - free - (torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+
+
 def codec_memory_budget(free_bytes: int) -> int:
     """Bytes of activations one codec call may take on the GPU: ``SPEECHCTL_CODEC_MEMORY`` (GiB)
     where set, else the smaller of 4 GiB and half of what is free when the codec loads (a codec

@@ -52,7 +52,8 @@ class Speech:
         self.engine = self.checkpoint.family.engine(self.checkpoint, engine_config)
         self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
-        self.codec = load_codec(self.checkpoint.codec_dir, device=device)
+        # (the engine's share it has not taken is its activations' room: the codec leaves it)
+        self.codec = load_codec(self.checkpoint.codec_dir, device=device, leave_free_bytes=self.engine.unused_share_bytes)
 
     def _start_replicas(self, config) -> None:
         import functools

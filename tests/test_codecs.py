@@ -536,6 +536,28 @@ def test_a_decode_graph_without_the_memory_for_it_is_not_recorded(dac_path, monk
         np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
 
 
+def test_the_codec_leaves_an_engines_unused_share_alone(dac_path, monkeypatch):
+    """Memory the driver reports free is not all the codec's: an engine beside it left room in
+    its share for its steps' activations (``leave_free_bytes``). A graph that fits in what is free
+    but not beside that room is not recorded (the real Higgs 3B's prefill ran out of memory
+    after the codec recorded its graphs into the engine's room)."""
+    fast = graphed(dac_path, monkeypatch)
+    fast.decode_bytes_per_frame, fast.max_batch_frames = 1000.0, 64
+    smallest = fast._graphs.sizes[0]
+    need = 1.25 * 1000.0 * (smallest * 16 + 64)  # the smallest graph of 16 frames beside the largest eager decode
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(need) + 1 - 4096, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 10_000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10_000 - 4096)
+    assert fast._free_bytes() == int(need) + 1  # the driver's free and the allocator's unused blocks
+    fast.leave_free_bytes = 2048
+    assert fast._free_bytes() == int(need) + 1 - 2048
+    assert fast.record_decode_graphs([16], most_rows=2) == 0  # fits what is free, not beside the room
+    fast.leave_free_bytes = 0
+    assert fast.record_decode_graphs([16], most_rows=2) >= 1
+    fast.leave_free_bytes = 10 * int(need)
+    assert fast._free_bytes() == 0  # (never below nothing)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
 def test_decode_graphs_on_cuda_give_the_eager_decode(dac_path, monkeypatch):
     """load_codec records decode graphs on CUDA; they give what the eager decode gives (TF32

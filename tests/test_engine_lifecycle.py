@@ -40,6 +40,9 @@ def _run_and_drop(path, progress) -> tuple[weakref.ref, weakref.ref]:
     progress(f"{path.name}: starting an engine{_free()}")
     engine = SpeechEngine(path, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", **memory))
     progress(f"{path.name}: started{_free()}")
+    # the share's room for the steps' activations, which a codec beside it leaves alone (CUDA)
+    share = 0.85 * torch.cuda.get_device_properties(0).total_memory if CUDA else 0
+    assert 0 < engine.unused_share_bytes < share if CUDA else engine.unused_share_bytes == 0
     prompts = engine.prompt_builder()
     outs = list(engine.generate(prompts.tts(f"text {i}", max_frames=5, tag=i) for i in range(2)))
     assert [o.error for o in outs] == [None, None]
@@ -116,3 +119,28 @@ def test_drop_engine_lets_go_of_the_holders_reference_before_collecting(monkeypa
     vllm_compat.drop_engine(owner, "llm")  # nothing held: nothing done
     vllm_compat.drop_engine(owner, "missing")
     assert len(seen) == 2
+
+
+def test_an_engines_unused_share_is_its_share_less_what_its_start_took(monkeypatch):
+    """What a codec beside the engine leaves alone: the share of the GPU vLLM sized the KV cache
+    by, less what the engine's start took (weights, KV cache, graphs); nothing where the start
+    took more than the share, where the KV cache was given in bytes, or on the CPU."""
+    import types
+
+    from speechctl.engine import engine as engine_module
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * gib))
+    in_use = {"bytes": 70 * gib}
+    monkeypatch.setattr(engine_module, "device_bytes_in_use", lambda: in_use["bytes"])
+    stub = types.SimpleNamespace(config=EngineConfig(),
+                                 _vllm=types.SimpleNamespace(vllm_config=types.SimpleNamespace(
+                                     cache_config=types.SimpleNamespace(gpu_memory_utilization=0.85))))
+    unused = SpeechEngine._unused_share
+    assert unused(stub, 4 * gib) == int(0.85 * 80 * gib) - 66 * gib  # 68 GiB of share, 66 taken
+    in_use["bytes"] = 75 * gib
+    assert unused(stub, 4 * gib) == 0
+    assert unused(stub, None) == 0  # (the CPU)
+    stub.config = EngineConfig(kv_cache_bytes=1 << 30)
+    in_use["bytes"] = 10 * gib
+    assert unused(stub, 4 * gib) == 0

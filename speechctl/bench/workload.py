@@ -141,6 +141,22 @@ def _compiles() -> int:
     return sum(counters["frames"].values())
 
 
+def _memory(speech) -> dict | None:
+    """The GPU's memory in GiB: its total, what is in use (this process's unused cached blocks
+    not counted), the engine's unused share (its steps' activations' room, which the codec leaves
+    alone); and the codec's batch bound and decode graphs; None on the CPU."""
+    import torch
+
+    from speechctl.accelerator import device_bytes_in_use
+
+    if not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    in_gib = {"total": total, "in_use": device_bytes_in_use(), "engine_unused_share": speech.engine.unused_share_bytes}
+    return {**{name: round(b / 2**30, 2) for name, b in in_gib.items()},
+            "codec_max_batch_frames": speech.codec.max_batch_frames, "codec_decode_graphs": speech.codec.decode_graphs_recorded}
+
+
 def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 64, seed: int = 0, log=print,
                        partial=None, eager_codec_rates=()) -> dict:
     """``rates``: fractions of the saturated request rate. ``speech``: a loaded ``Speech``.
@@ -157,6 +173,8 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     # the codec's graphs of every batch size (the streamer records those up to 64 rows), so that
     # a saturated round's large batches do not record theirs in it
     speech.codec.record_decode_graphs(StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK).window_lengths(), most_rows=1 << 20)
+    memory = _memory(speech)  # before the timed runs: a run that ran out reads by it (the log has it)
+    log(f"memory: {memory}")
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
     mean_audio = float(np.mean([j.max_seconds for j, _ in jobs]))
     captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
@@ -182,6 +200,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         "uniform_saturation": same,  # the same jobs, one sampling and CFG scale for all
         "varied_vs_uniform": round(saturated["audio_s_per_s"] / same["audio_s_per_s"], 3),
         "environment": environment(),
+        "memory_gib": memory,
         "results": rows,
     }
 

@@ -124,6 +124,9 @@ class Codec(ABC):
         self.device = torch.device(device)
         self.max_batch_frames = int(max_batch_frames)
         self.decode_bytes_per_frame: float | None = None  # measured on CUDA (fit_to_memory)
+        # Device memory the codec leaves alone though the driver reports it free: the unused share
+        # of an engine beside it, where that engine's activations come and go (load_codec sets it).
+        self.leave_free_bytes = 0
         # On CUDA the codec runs on a stream of its own: its results are waited for alone, not
         # behind the engine's next step that vLLM's async scheduling has already queued.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -318,10 +321,11 @@ class Codec(ABC):
         return False
 
     def _free_bytes(self) -> float:
-        """Device memory this process could still allocate: the driver's free memory plus what
-        the caching allocator holds unused."""
+        """Device memory the codec may still take: the driver's free memory plus what the caching
+        allocator holds unused, less what it leaves to an engine (``leave_free_bytes``)."""
         free = torch.cuda.mem_get_info(self.device)[0]
-        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return max(0.0, free + unused - self.leave_free_bytes)
 
     def _reserved_bytes(self) -> int:
         return torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
@@ -388,7 +392,7 @@ class Codec(ABC):
         from speechctl.accelerator import codec_memory_budget
 
         if budget_bytes is None:
-            budget_bytes = codec_memory_budget(torch.cuda.mem_get_info(self.device)[0])
+            budget_bytes = codec_memory_budget(self._free_bytes())
         batch = 4
         codes = torch.randint(0, self.codebook_size, (batch, self.num_codebooks, probe_frames // batch), device=self.device)
         frames = codes.shape[0] * codes.shape[2]

@@ -36,12 +36,13 @@ def codec_model_type(path: str | Path) -> str:
     return model_type
 
 
-def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) -> Codec:
+def load_codec(path: str | Path, device: str | torch.device = "cpu", leave_free_bytes: int = 0, **options) -> Codec:
     """Load the codec in checkpoint directory ``path`` onto ``device``, in eval mode.
 
     ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA its batches
     are then fitted to the codec's memory budget (``Codec.fit_to_memory``), and it decodes in
-    CUDA graphs where it can (``decode_graphs_enabled``).
+    CUDA graphs where it can (``decode_graphs_enabled``), both within the device's free memory
+    less ``leave_free_bytes`` (an engine's unused share: ``SpeechEngine.unused_share_bytes``).
     Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
     """
     model_type = codec_model_type(path)
@@ -51,6 +52,7 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", **options) 
     module_name, class_name = CODEC_CLASSES[model_type].split(":")
     codec_class = getattr(importlib.import_module(module_name), class_name)
     codec = codec_class(path, device, **options)
+    codec.leave_free_bytes = leave_free_bytes
     codec.fit_to_memory()
     if decode_graphs_enabled(codec):
         codec.use_decode_graphs()

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from speechctl.accelerator import has_cuda
+from speechctl.accelerator import device_bytes_in_use, has_cuda
 from speechctl.engine import vllm_compat
 from speechctl.engine.admission import Admission
 from speechctl.engine.config import EngineConfig
@@ -62,6 +62,7 @@ class SpeechEngine:
             **({"hf_overrides": overrides} if overrides else {}),
         )
         compiled = compile_per_step_work()  # checks SPEECHCTL_COMPILE before vLLM starts
+        used_before = device_bytes_in_use() if has_cuda() else None
         self._vllm = vllm_compat.offline_engine(args)
         vllm_compat.check_independent_replica(self._vllm)  # no DP lock-step: step only with work
         capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
@@ -82,6 +83,23 @@ class SpeechEngine:
             self.warm_up()
             self.warm_up_s = round(time.perf_counter() - started, 3)
             log.info("warm-up (compiling the per-step work) took %.1f s", self.warm_up_s)
+        self.unused_share_bytes = self._unused_share(used_before)
+
+    def _unused_share(self, used_before: int | None) -> int:
+        """Bytes of the engine's share of the GPU (``gpu_memory_utilization``) that it has not
+        taken by the end of its start: vLLM sized the KV cache to leave them to its steps'
+        activations, which come and go (a prefill of thousands of tokens takes hundreds of MiB).
+        Memory the driver reports free is not all free to others: a codec that recorded its
+        decode graphs into it ran the real Higgs 3B's next large prefill out of memory (thirty-
+        sixth session, H100). 0 on the CPU and where the KV cache was given in bytes (vLLM then
+        sizes nothing by the share)."""
+        if used_before is None or self.config.kv_cache_bytes is not None:
+            return 0
+        import torch
+
+        share = self._vllm.vllm_config.cache_config.gpu_memory_utilization
+        taken = device_bytes_in_use() - used_before
+        return max(0, int(share * torch.cuda.get_device_properties(0).total_memory) - taken)
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
         """Decode a two-frame request alone, then two at once, and drop them: what compiles on
