@@ -58,18 +58,19 @@ def test_corpus_is_deterministic_and_holds_out_its_test_sentences():
     assert other.train != a.train  # the made-up sentences follow the seed
 
 
-def test_wordnet_adds_natural_sentences_and_leaves_the_held_out_set_alone():
-    """``data.natural`` with WordNet: its sentences come after the Devil's Dictionary's, none of
-    them is a held-out one, and the held-out set is the same as without it (losses stay
-    comparable across the voice's runs)."""
+@pytest.mark.parametrize("source", ["wordnet", "jargon"])
+def test_a_source_adds_natural_sentences_and_leaves_the_held_out_set_alone(source):
+    """``data.natural`` with WordNet or the Jargon File: its sentences come after the Devil's
+    Dictionary's, none of them is a held-out one, and the held-out set is the same as without it
+    (losses stay comparable across the voice's runs)."""
     config = DataConfig(hours=8.0)
     devil = text.make_corpus(config)
-    both = text.make_corpus(replace(config, natural=["devil", "wordnet"]))
+    both = text.make_corpus(replace(config, natural=["devil", source]))
     assert both.heldout == devil.heldout
     assert both.natural > devil.natural
     assert both.train[: devil.natural] == devil.train[: devil.natural]
-    wordnet = set(text.source_sentences("wordnet"))
-    assert set(both.train[devil.natural: both.natural]) <= wordnet
+    added = set(text.source_sentences(source))
+    assert set(both.train[devil.natural: both.natural]) <= added
     assert not {text.normalize(s) for s in both.heldout} & {text.normalize(s) for s in both.train}
     for bad in (["wordnet"], ["devil", "gutenberg"]):
         with pytest.raises(ConfigError, match="data.natural"):
@@ -81,13 +82,13 @@ def test_wordnet_adds_natural_sentences_and_leaves_the_held_out_set_alone():
 
 
 @pytest.mark.skipif(not all(Path(p).exists() for p in ("/usr/share/dictd/devil.dict.dz", "/usr/share/dict/words",
-                                                         "/usr/share/wordnet/data.noun")),
-                    reason="Debian's dict-devil, wamerican and wordnet-base are not installed")
+                                                         "/usr/share/wordnet/data.noun", "/usr/share/dictd/jargon.dict.dz")),
+                    reason="Debian's dict-devil, wamerican, wordnet-base and dict-jargon are not installed")
 def test_committed_text_is_what_the_debian_packages_give(tmp_path):
     from recipes.voice.text_sources import build_sources
 
     build_sources(out=tmp_path)
-    for name in ("devil.txt", "words.txt", "wordnet.txt"):
+    for name in ("devil.txt", "words.txt", "wordnet.txt", "jargon.txt"):
         assert (tmp_path / name).read_bytes() == (text.TEXT_DIR / name).read_bytes()
 
 
@@ -492,7 +493,8 @@ def test_codec_and_lm_train_side_by_side_in_one_call(tmp_path):
     assert codec["recipe"]["data"]["hours"] == preset("tiny").data.hours != 0.03
     assert lm["recipe"]["lm_train"]["text_input"] == "phonemes"
     model = stages.run_export(unpacked / "lm", unpacked / "codec-model", tmp_path / "model")
-    assert (model / "speechctl.json").is_file()
+    made = json.loads((model / "speechctl.json").read_text())
+    assert made["text"].startswith("The Devil's Dictionary") and "Jargon" not in made["text"]  # what it read, credited
     assert json.loads((model / "config.json").read_text())["speechctl"]["text_input"] == "phonemes"
 
 

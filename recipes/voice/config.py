@@ -14,7 +14,13 @@ class ConfigError(ValueError):
     pass
 
 
-NATURAL_TEXT = ("devil", "wordnet")  # recipes/voice/text/NAME.txt, built by text_sources.py
+# The natural text a voice may read (recipes/voice/text/NAME.txt, built by text_sources.py), and
+# how an exported voice credits it (text/SOURCES.md has the licences)
+NATURAL_TEXT = {
+    "devil": "The Devil's Dictionary by Ambrose Bierce (1911, public domain)",
+    "wordnet": "WordNet 3.0's example sentences (Princeton University, WordNet licence)",
+    "jargon": "the Jargon File 4.4.7 (public domain)",
+}
 
 
 @dataclass
@@ -35,8 +41,8 @@ class DataConfig:
     seed: int = 0
     # The natural text read before any made-up sentence (``NATURAL_TEXT``, ``text/NAME.txt``):
     # "devil" (the held-out sentences come from it, whatever this says), "wordnet" (42,011 modern
-    # example phrases, ~24 h). The voice's models so far read "devil" alone
-    # (docs/voice/lm-progress.md).
+    # example phrases, ~24 h), "jargon" (10,398 sentences of the Jargon File, ~19 h). The voice's
+    # LM read "devil" alone to step 10,450, then "devil" and "wordnet" (docs/voice/lm-progress.md).
     natural: list[str] = field(default_factory=lambda: ["devil"])
 
     def voiced_as(self, other: "DataConfig") -> "DataConfig":

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from recipes.voice.checkpoint import load_state, read_record
-from recipes.voice.config import Recipe
+from recipes.voice.config import NATURAL_TEXT, Recipe
 
 
 # How the voice samples unless a user says otherwise (generation_config.json, which speechctl reads
@@ -79,8 +79,8 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
         "codec_dir_source": str(codec_model_dir),
         "export": {"sampling": sampling, "max_piece_chars": max_piece_chars},
         **({"kept": kept} if kept else {}),
-        "text": "The Devil's Dictionary by Ambrose Bierce (1911, public domain) and SCOWL word lists "
-                "(Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
+        "text": "; ".join(NATURAL_TEXT[name] for name in recipe.data.natural)
+                + "; SCOWL word lists (Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
         "speech": "espeak-ng (GPL-3.0-or-later), voice " + recipe.data.voice,
     }, indent=2))
     for f in tmp.rglob("*"):  # safetensors writes 0600; a voice is read by whoever runs speechctl

@@ -6,7 +6,9 @@ the licences.
 * ``devil.txt``: Debian's ``dict-devil`` cut into sentences (``devil_sentences``);
 * ``words.txt``: the plain lower-case words of ``wamerican``;
 * ``wordnet.txt``: the example phrases and sentences of WordNet 3.0's glosses (``wordnet-base``),
-  in sentence form (``wordnet_sentences``).
+  in sentence form (``wordnet_sentences``);
+* ``jargon.txt``: the Jargon File 4.4.7's entries cut into sentences (``dict-jargon``,
+  ``jargon_sentences``).
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ WORDNET_MIN_WORDS = 3  # shorter examples are single words or pairs, which the w
 
 def build_sources(devil_dict: Path = Path("/usr/share/dictd/devil.dict.dz"),
                   words_file: Path = Path("/usr/share/dict/words"),
-                  wordnet_dir: Path = Path("/usr/share/wordnet"), out: Path = TEXT_DIR) -> dict:
-    """Write ``devil.txt``, ``words.txt`` and ``wordnet.txt`` from Debian's ``dict-devil``,
-    ``wamerican`` and ``wordnet-base`` (``apt-get install dict-devil wamerican wordnet-base``);
-    returns their sizes and hashes."""
+                  wordnet_dir: Path = Path("/usr/share/wordnet"),
+                  jargon_dict: Path = Path("/usr/share/dictd/jargon.dict.dz"), out: Path = TEXT_DIR) -> dict:
+    """Write ``devil.txt``, ``words.txt``, ``wordnet.txt`` and ``jargon.txt`` from Debian's
+    ``dict-devil``, ``wamerican``, ``wordnet-base`` and ``dict-jargon`` (``apt-get install
+    dict-devil wamerican wordnet-base dict-jargon``); returns their sizes and hashes."""
     out.mkdir(parents=True, exist_ok=True)
     with gzip.open(devil_dict, "rt", encoding="latin-1") as f:  # dictzip is gzip
         raw = f.read()
     sentences = _dedupe(devil_sentences(raw))
     words = sorted({w for w in words_file.read_text(encoding="utf-8").split() if re.fullmatch(r"[a-z]{2,14}", w)})
     examples = wordnet_sentences(sorted(wordnet_dir.glob("data.*")))
-    made = (("devil.txt", sentences), ("words.txt", words), ("wordnet.txt", examples))
+    with gzip.open(jargon_dict, "rt", encoding="utf-8") as f:
+        jargon = _dedupe(jargon_sentences(f.read()))
+    made = (("devil.txt", sentences), ("words.txt", words), ("wordnet.txt", examples), ("jargon.txt", jargon))
     for name, items in made:
         (out / name).write_text("\n".join(items) + "\n")
     return {name: {"lines": len(items), "sha256": hashlib.sha256((out / name).read_bytes()).hexdigest()}
@@ -78,6 +83,29 @@ def devil_sentences(raw: str) -> list[str]:
             text = text[m.end():]
         for sentence in _split_sentences(_tidy(text)):
             # Long ones come apart at semicolons into clauses that stand alone.
+            parts = re.split(r"(?<=;) ", sentence) if len(sentence) > 160 else [sentence]
+            out.extend(s for s in map(_clean, parts) if s)
+    return out
+
+
+# The Jargon File's typography in the characters the corpus allows (text._ALLOWED)
+_JARGON_TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2014": " -- ",
+                                    "\u2013": "-", "\u2026": "...", "\u00b7": ""})
+
+
+def jargon_sentences(raw: str) -> list[str]:
+    """The Jargon File's entries (dictd's text: a headword, its pronunciation, then paragraphs
+    indented by four spaces) as sentences: the indented paragraphs alone, cross-reference braces
+    and etymologies in brackets dropped, curly quotes and dashes made plain, long sentences cut
+    at semicolons; a sentence with anything else (an address, a path, code) is left out."""
+    out = []
+    for para in re.split(r"\n\s*\n", raw):
+        lines = [ln for ln in para.split("\n") if ln.strip()]
+        if not lines or not all(ln.startswith("    ") for ln in lines):
+            continue  # a headword, its pronunciation, the database's header
+        text = _tidy(" ".join(ln.strip() for ln in lines).translate(_JARGON_TYPOGRAPHY))
+        text = re.sub(r"\s+([),.;:!?])", r"\1", text)  # (a brace's space before punctuation)
+        for sentence in _split_sentences(text):
             parts = re.split(r"(?<=;) ", sentence) if len(sentence) > 160 else [sentence]
             out.extend(s for s in map(_clean, parts) if s)
     return out
