@@ -42,7 +42,7 @@ class DataConfig:
     # The natural text read before any made-up sentence (``NATURAL_TEXT``, ``text/NAME.txt``):
     # "devil" (the held-out sentences come from it, whatever this says), "wordnet" (42,011 modern
     # example phrases, ~24 h), "jargon" (10,398 sentences of the Jargon File, ~19 h). The voice's
-    # LM read "devil" alone to step 10,450, then "devil" and "wordnet" (docs/voice/lm-progress.md).
+    # LM read "devil" alone to step 8,597, then "devil" and "wordnet" (docs/voice/lm-progress.md).
     natural: list[str] = field(default_factory=lambda: ["devil"])
 
     def voiced_as(self, other: "DataConfig") -> "DataConfig":
