@@ -121,10 +121,11 @@ def test_drop_engine_lets_go_of_the_holders_reference_before_collecting(monkeypa
     assert len(seen) == 2
 
 
-def test_an_engines_unused_share_is_its_share_less_what_its_start_took(monkeypatch):
-    """What a codec beside the engine leaves alone: the share of the GPU vLLM sized the KV cache
-    by, less what the engine's start took (weights, KV cache, graphs); nothing where the start
-    took more than the share, where the KV cache was given in bytes, or on the CPU."""
+def test_an_engines_unused_share_is_what_its_steps_may_still_need(monkeypatch):
+    """What a codec beside the engine leaves alone: the larger of the engine's share of the GPU
+    less what its start took (weights, KV cache, graphs) and the activations' peak vLLM's memory
+    profile measured; the share counts only where vLLM sized the KV cache by it; nothing on the
+    CPU."""
     import types
 
     from speechctl.engine import engine as engine_module
@@ -133,14 +134,20 @@ def test_an_engines_unused_share_is_its_share_less_what_its_start_took(monkeypat
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(total_memory=80 * gib))
     in_use = {"bytes": 70 * gib}
     monkeypatch.setattr(engine_module, "device_bytes_in_use", lambda: in_use["bytes"])
-    stub = types.SimpleNamespace(config=EngineConfig(),
-                                 _vllm=types.SimpleNamespace(vllm_config=types.SimpleNamespace(
-                                     cache_config=types.SimpleNamespace(gpu_memory_utilization=0.85))))
+    peaks = [None]  # what each worker's memory profile measured (None: the CPU's workers)
+    vllm = types.SimpleNamespace(vllm_config=types.SimpleNamespace(cache_config=types.SimpleNamespace(gpu_memory_utilization=0.85)),
+                                 collective_rpc=lambda fn: [fn(types.SimpleNamespace(peak_activation_memory=p)) for p in peaks])
+    stub = types.SimpleNamespace(config=EngineConfig(), _vllm=vllm)
     unused = SpeechEngine._unused_share
     assert unused(stub, 4 * gib) == int(0.85 * 80 * gib) - 66 * gib  # 68 GiB of share, 66 taken
     in_use["bytes"] = 75 * gib
     assert unused(stub, 4 * gib) == 0
+    peaks[:] = [3 * gib]  # the start took more than the share (graphs): the steps still need their peak
+    assert unused(stub, 4 * gib) == 3 * gib
+    in_use["bytes"] = 60 * gib
+    assert unused(stub, 4 * gib) == int(0.85 * 80 * gib) - 56 * gib  # the larger of the two
     assert unused(stub, None) == 0  # (the CPU)
     stub.config = EngineConfig(kv_cache_bytes=1 << 30)
-    in_use["bytes"] = 10 * gib
+    assert unused(stub, 4 * gib) == 3 * gib
+    peaks[:] = [None]
     assert unused(stub, 4 * gib) == 0

@@ -155,6 +155,9 @@ def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
     engine = SpeechEngine(tiny_checkpoint, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", kv_cache_bytes=1 << 26))
     view_ok = engine._vllm.collective_rpc(_check_view)
     assert view_ok == [True]
+    # the activations' peak of vLLM's memory profile: a GPU worker measures it, the CPU's does not
+    peaks = engine._vllm.collective_rpc(vllm_compat.peak_activation_bytes)
+    assert all(p > 0 for p in peaks) if torch.cuda.is_available() else peaks == [None]
     runner = vllm_compat.worker_runner(engine._vllm.model_executor.driver_worker)
     # As on vLLM 0.26 with CUDA: the runner sits in reference cycles (its graph wrappers) that
     # vLLM froze at start-up, and no finalizer thaws the heap when the engine goes (0.32 has one).
@@ -171,6 +174,16 @@ def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
     gc.collect()
     assert runner() is None
     assert kept.capacity > 0
+
+
+def test_the_gpu_worker_keeps_the_peak_of_its_memory_profile():
+    """``peak_activation_bytes`` reads ``Worker.peak_activation_memory``, which the GPU worker
+    sets where it sizes the KV cache (read from its source: on the CPU it cannot be imported)."""
+    import importlib.util
+    from pathlib import Path
+
+    source = Path(importlib.util.find_spec("vllm.v1.worker.gpu_worker").origin).read_text()
+    assert "self.peak_activation_memory = " in source
 
 
 @pytest.mark.engine

@@ -86,20 +86,24 @@ class SpeechEngine:
         self.unused_share_bytes = self._unused_share(used_before)
 
     def _unused_share(self, used_before: int | None) -> int:
-        """Bytes of the engine's share of the GPU (``gpu_memory_utilization``) that it has not
-        taken by the end of its start: vLLM sized the KV cache to leave them to its steps'
-        activations, which come and go (a prefill of thousands of tokens takes hundreds of MiB).
-        Memory the driver reports free is not all free to others: a codec that recorded its
-        decode graphs into it ran the real Higgs 3B's next large prefill out of memory (thirty-
-        sixth session, H100). 0 on the CPU and where the KV cache was given in bytes (vLLM then
-        sizes nothing by the share)."""
-        if used_before is None or self.config.kv_cache_bytes is not None:
+        """Device memory the engine's steps may still need beyond what its start took: the
+        larger of its share of the GPU (``gpu_memory_utilization``) less what the start took, and
+        the activations' peak vLLM measured (it sized the KV cache to leave that much; its CUDA
+        graphs and speechctl's, recorded after, can eat into the share's rest). A prefill of
+        thousands of tokens takes hundreds of MiB of it. Memory the driver reports free is not all
+        free to others: a codec that recorded its decode graphs into it ran the real Higgs 3B's
+        next large prefill out of memory (thirty-sixth session, H100). 0 on the CPU."""
+        if used_before is None:
             return 0
         import torch
 
-        share = self._vllm.vllm_config.cache_config.gpu_memory_utilization
-        taken = device_bytes_in_use() - used_before
-        return max(0, int(share * torch.cuda.get_device_properties(0).total_memory) - taken)
+        peaks = [p for p in self._vllm.collective_rpc(vllm_compat.peak_activation_bytes) if p is not None]
+        share_left = 0
+        if self.config.kv_cache_bytes is None:  # (KV cache given in bytes: vLLM sized nothing by the share)
+            share = self._vllm.vllm_config.cache_config.gpu_memory_utilization
+            taken = device_bytes_in_use() - used_before
+            share_left = int(share * torch.cuda.get_device_properties(0).total_memory) - taken
+        return max(0, share_left, *peaks)
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
         """Decode a two-frame request alone, then two at once, and drop them: what compiles on

@@ -356,6 +356,15 @@ def worker_runner(worker):
     return runner
 
 
+def peak_activation_bytes(worker) -> int | None:
+    """Run inside each worker: the activations' peak that vLLM's memory profile measured at start
+    (``Worker.peak_activation_memory``, 0.26 and 0.32, set where it sized the KV cache to leave
+    that much of its share free); None where the worker measured none (the CPU's)."""
+    inner = getattr(worker, "worker", None) or worker
+    peak = getattr(inner, "peak_activation_memory", None)
+    return int(peak) if peak is not None else None
+
+
 def attach_runtime(worker) -> int:
     """Run inside each worker: connect the model's stream runtime to the runner and to the
     ``StreamTracker`` logits processor. Returns the runtime's slot capacity."""
