@@ -52,7 +52,7 @@ class Speech:
         self.engine = self.checkpoint.family.engine(self.checkpoint, engine_config)
         self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
-        # (the engine's share it has not taken is its activations' room: the codec leaves it)
+        # (the codec leaves the room the engine's steps may still need: its activations come and go)
         self.codec = load_codec(self.checkpoint.codec_dir, device=device, leave_free_bytes=self.engine.unused_share_bytes)
 
     def _start_replicas(self, config) -> None:

@@ -124,8 +124,8 @@ class Codec(ABC):
         self.device = torch.device(device)
         self.max_batch_frames = int(max_batch_frames)
         self.decode_bytes_per_frame: float | None = None  # measured on CUDA (fit_to_memory)
-        # Device memory the codec leaves alone though the driver reports it free: the unused share
-        # of an engine beside it, where that engine's activations come and go (load_codec sets it).
+        # Device memory the codec leaves alone though the driver reports it free: the room an engine
+        # beside it may still need for its steps' activations (load_codec sets it).
         self.leave_free_bytes = 0
         # On CUDA the codec runs on a stream of its own: its results are waited for alone, not
         # behind the engine's next step that vLLM's async scheduling has already queued.
