@@ -53,7 +53,7 @@ class Speech:
         self.prompts = self.engine.prompt_builder()
         device = device or ("cuda" if has_cuda() else "cpu")
         # (the codec leaves the room the engine's steps may still need: its activations come and go)
-        self.codec = load_codec(self.checkpoint.codec_dir, device=device, leave_free_bytes=self.engine.unused_share_bytes)
+        self.codec = load_codec(self.checkpoint.codec_dir, device=device, leave_free_bytes=self.engine.step_room_bytes)
 
     def _start_replicas(self, config) -> None:
         import functools

@@ -536,7 +536,7 @@ def test_a_decode_graph_without_the_memory_for_it_is_not_recorded(dac_path, monk
         np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
 
 
-def test_the_codec_leaves_an_engines_unused_share_alone(dac_path, monkeypatch):
+def test_the_codec_leaves_an_engines_step_room_alone(dac_path, monkeypatch):
     """Memory the driver reports free is not all the codec's: an engine beside it left room in
     its share for its steps' activations (``leave_free_bytes``). A graph that fits in what is free
     but not beside that room is not recorded (the real Higgs 3B's prefill ran out of memory

@@ -42,7 +42,7 @@ def _run_and_drop(path, progress) -> tuple[weakref.ref, weakref.ref]:
     progress(f"{path.name}: started{_free()}")
     # the share's room for the steps' activations, which a codec beside it leaves alone (CUDA)
     share = 0.85 * torch.cuda.get_device_properties(0).total_memory if CUDA else 0
-    assert 0 < engine.unused_share_bytes < share if CUDA else engine.unused_share_bytes == 0
+    assert 0 < engine.step_room_bytes < share if CUDA else engine.step_room_bytes == 0
     prompts = engine.prompt_builder()
     outs = list(engine.generate(prompts.tts(f"text {i}", max_frames=5, tag=i) for i in range(2)))
     assert [o.error for o in outs] == [None, None]
@@ -121,7 +121,7 @@ def test_drop_engine_lets_go_of_the_holders_reference_before_collecting(monkeypa
     assert len(seen) == 2
 
 
-def test_an_engines_unused_share_is_what_its_steps_may_still_need(monkeypatch):
+def test_an_engines_step_room_is_what_its_steps_may_still_need(monkeypatch):
     """What a codec beside the engine leaves alone: the larger of the engine's share of the GPU
     less what its start took (weights, KV cache, graphs) and the activations' peak vLLM's memory
     profile measured; the share counts only where vLLM sized the KV cache by it; nothing on the
@@ -138,16 +138,16 @@ def test_an_engines_unused_share_is_what_its_steps_may_still_need(monkeypatch):
     vllm = types.SimpleNamespace(vllm_config=types.SimpleNamespace(cache_config=types.SimpleNamespace(gpu_memory_utilization=0.85)),
                                  collective_rpc=lambda fn: [fn(types.SimpleNamespace(peak_activation_memory=p)) for p in peaks])
     stub = types.SimpleNamespace(config=EngineConfig(), _vllm=vllm)
-    unused = SpeechEngine._unused_share
-    assert unused(stub, 4 * gib) == int(0.85 * 80 * gib) - 66 * gib  # 68 GiB of share, 66 taken
+    room = SpeechEngine._step_room
+    assert room(stub, 4 * gib) == int(0.85 * 80 * gib) - 66 * gib  # 68 GiB of share, 66 taken
     in_use["bytes"] = 75 * gib
-    assert unused(stub, 4 * gib) == 0
+    assert room(stub, 4 * gib) == 0
     peaks[:] = [3 * gib]  # the start took more than the share (graphs): the steps still need their peak
-    assert unused(stub, 4 * gib) == 3 * gib
+    assert room(stub, 4 * gib) == 3 * gib
     in_use["bytes"] = 60 * gib
-    assert unused(stub, 4 * gib) == int(0.85 * 80 * gib) - 56 * gib  # the larger of the two
-    assert unused(stub, None) == 0  # (the CPU)
+    assert room(stub, 4 * gib) == int(0.85 * 80 * gib) - 56 * gib  # the larger of the two
+    assert room(stub, None) == 0  # (the CPU)
     stub.config = EngineConfig(kv_cache_bytes=1 << 30)
-    assert unused(stub, 4 * gib) == 3 * gib
+    assert room(stub, 4 * gib) == 3 * gib
     peaks[:] = [None]
-    assert unused(stub, 4 * gib) == 0
+    assert room(stub, 4 * gib) == 0

@@ -143,7 +143,7 @@ def _compiles() -> int:
 
 def _memory(speech) -> dict | None:
     """The GPU's memory in GiB: its total, what is in use (this process's unused cached blocks
-    not counted), the engine's unused share (its steps' activations' room, which the codec leaves
+    not counted), the room the engine's steps may still need (which the codec leaves
     alone); and the codec's batch bound and decode graphs; None on the CPU."""
     import torch
 
@@ -152,7 +152,7 @@ def _memory(speech) -> dict | None:
     if not torch.cuda.is_available():
         return None
     total = torch.cuda.get_device_properties(0).total_memory
-    in_gib = {"total": total, "in_use": device_bytes_in_use(), "engine_unused_share": speech.engine.unused_share_bytes}
+    in_gib = {"total": total, "in_use": device_bytes_in_use(), "engine_step_room": speech.engine.step_room_bytes}
     return {**{name: round(b / 2**30, 2) for name, b in in_gib.items()},
             "codec_max_batch_frames": speech.codec.max_batch_frames, "codec_decode_graphs": speech.codec.decode_graphs_recorded}
 

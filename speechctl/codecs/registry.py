@@ -42,7 +42,7 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", leave_free_
     ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA its batches
     are then fitted to the codec's memory budget (``Codec.fit_to_memory``), and it decodes in
     CUDA graphs where it can (``decode_graphs_enabled``), both within the device's free memory
-    less ``leave_free_bytes`` (an engine's room for its steps: ``SpeechEngine.unused_share_bytes``).
+    less ``leave_free_bytes`` (an engine's room for its steps: ``SpeechEngine.step_room_bytes``).
     Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
     """
     model_type = codec_model_type(path)

@@ -83,9 +83,9 @@ class SpeechEngine:
             self.warm_up()
             self.warm_up_s = round(time.perf_counter() - started, 3)
             log.info("warm-up (compiling the per-step work) took %.1f s", self.warm_up_s)
-        self.unused_share_bytes = self._unused_share(used_before)
+        self.step_room_bytes = self._step_room(used_before)
 
-    def _unused_share(self, used_before: int | None) -> int:
+    def _step_room(self, used_before: int | None) -> int:
         """Device memory the engine's steps may still need beyond what its start took: the
         larger of its share of the GPU (``gpu_memory_utilization``) less what the start took, and
         the activations' peak vLLM measured (it sized the KV cache to leave that much; its CUDA
