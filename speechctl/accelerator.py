@@ -44,13 +44,19 @@ def gpu_memory_share(default: float | None = None) -> float | None:
     return default if share is None else share
 
 
-def device_bytes_in_use() -> int:
-    """Bytes of the GPU in use by every process on it, less the blocks this process's caching
-    allocator holds unused (this process can allocate those again)."""
+def device_bytes_free(device=None) -> int:
+    """Bytes of the GPU this process could still allocate: the driver's free memory and the
+    blocks this process's caching allocator holds unused."""
     import torch
 
-    free, total = torch.cuda.mem_get_info()
-    return total - free - (torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+    return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def device_bytes_in_use(device=None) -> int:
+    """Bytes of the GPU in use by every process on it (``device_bytes_free``'s complement)."""
+    import torch
+
+    return torch.cuda.mem_get_info(device)[1] - device_bytes_free(device)
 
 
 def codec_memory_budget(free_bytes: int) -> int:

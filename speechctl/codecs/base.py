@@ -323,9 +323,9 @@ class Codec(ABC):
     def _free_bytes(self) -> float:
         """Device memory the codec may still take: the driver's free memory plus what the caching
         allocator holds unused, less what it leaves to an engine (``leave_free_bytes``)."""
-        free = torch.cuda.mem_get_info(self.device)[0]
-        unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return max(0.0, free + unused - self.leave_free_bytes)
+        from speechctl.accelerator import device_bytes_free
+
+        return max(0.0, device_bytes_free(self.device) - self.leave_free_bytes)
 
     def _reserved_bytes(self) -> int:
         return torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0

@@ -59,5 +59,4 @@ class HiggsAudioV2(Family):
         return processor_codec(path, ("audio_tokenizer", "codec"))
 
 
-
 FAMILY = HiggsAudioV2()
