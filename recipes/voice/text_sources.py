@@ -81,10 +81,7 @@ def devil_sentences(raw: str) -> list[str]:
         if m:
             out.append(m.group(1).strip().capitalize() + ".")
             text = text[m.end():]
-        for sentence in _split_sentences(_tidy(text)):
-            # Long ones come apart at semicolons into clauses that stand alone.
-            parts = re.split(r"(?<=;) ", sentence) if len(sentence) > 160 else [sentence]
-            out.extend(s for s in map(_clean, parts) if s)
+        out.extend(_sentences(_tidy(text)))
     return out
 
 
@@ -104,10 +101,17 @@ def jargon_sentences(raw: str) -> list[str]:
         if not lines or not all(ln.startswith("    ") for ln in lines):
             continue  # a headword, its pronunciation, the database's header
         text = _tidy(" ".join(ln.strip() for ln in lines).translate(_JARGON_TYPOGRAPHY))
-        text = re.sub(r"\s+([),.;:!?])", r"\1", text)  # (a brace's space before punctuation)
-        for sentence in _split_sentences(text):
-            parts = re.split(r"(?<=;) ", sentence) if len(sentence) > 160 else [sentence]
-            out.extend(s for s in map(_clean, parts) if s)
+        out.extend(_sentences(re.sub(r"\s+([),.;:!?])", r"\1", text)))  # (a brace's space before punctuation)
+    return out
+
+
+def _sentences(text: str) -> list[str]:
+    """Tidied prose as the corpus's sentences: split at sentence ends, long ones (over 160
+    characters) apart at semicolons into clauses that stand alone, each cleaned (``_clean``)."""
+    out = []
+    for sentence in _split_sentences(text):
+        parts = re.split(r"(?<=;) ", sentence) if len(sentence) > 160 else [sentence]
+        out.extend(s for s in map(_clean, parts) if s)
     return out
 
 
