@@ -34,6 +34,12 @@ SAMPLING = {"do_sample": True, "temperature": 0.5, "top_k": 10}
 MAX_PIECE_CHARS = 80
 
 
+def export_settings(sampling: dict | None = None, max_piece_chars: int | None = None) -> dict:
+    """What an export chose beyond the checkpoints (None: the voice's defaults), as its
+    speechctl.json records them; ``ship_kept`` ships again when today's defaults differ."""
+    return {"sampling": sampling or SAMPLING, "max_piece_chars": max_piece_chars or MAX_PIECE_CHARS}
+
+
 def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None,
            max_piece_chars: int | None = None, kept: str | None = None) -> Path:
     """``lm_dir``: an LM checkpoint (state.pt + recipe.json); ``codec_model_dir``: the codec the
@@ -53,7 +59,8 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     recipe = Recipe.from_dict(record["recipe"])
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    sampling, max_piece_chars = sampling or SAMPLING, max_piece_chars or MAX_PIECE_CHARS
+    settings = export_settings(sampling, max_piece_chars)
+    sampling, max_piece_chars = settings["sampling"], settings["max_piece_chars"]
     skeleton(recipe, tmp, max_piece_chars)
     config = transformers.AutoConfig.from_pretrained(tmp)
     model = SpeechLM(config)
@@ -77,7 +84,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
         "lm": {"step": record["step"], "codes_sha256": record.get("codes_sha256"), "runs": record.get("runs"),
                "heldout": record.get("heldout")},
         "codec_dir_source": str(codec_model_dir),
-        "export": {"sampling": sampling, "max_piece_chars": max_piece_chars},
+        "export": settings,
         **({"kept": kept} if kept else {}),
         "text": "; ".join(NATURAL_TEXT[name] for name in recipe.data.natural)
                 + "; SCOWL word lists (Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
@@ -138,8 +145,7 @@ def ship_kept(repo: Path = Path("."), dest: Path | None = None, log=print) -> Pa
         log("note: no voice is kept in this history; the default model is the random `tiny`")
         return None
     shipped = provenance(dest)
-    today = {"sampling": SAMPLING, "max_piece_chars": MAX_PIECE_CHARS}
-    if shipped.get("kept") == merges[0] and shipped.get("export") == today:
+    if shipped.get("kept") == merges[0] and shipped.get("export") == export_settings():
         return dest  # current: the newest keep, exported with today's defaults
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
