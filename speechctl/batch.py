@@ -71,9 +71,7 @@ def run_batch(
                 extras["warnings"] = result.warnings
                 report.warnings += [f"line {item.line}: {w}" for w in result.warnings]
         if error is None and item.task == "asr":
-            extras["text"] = result.text
-            if result.segments is not None:
-                extras["segments"] = [s.to_dict() for s in result.segments]
+            extras.update(_transcript_record(result))
         append_result(out_dir, result_record(item, error, **extras))
         if error:
             report.failed.append(f"line {item.line}: item '{item.id}': {error}")
@@ -121,6 +119,17 @@ def _jobs(speech, items: list[ManifestItem], job_options) -> Iterator:
             yield FailedJob(id=item.id, task=item.task, error=str(e))
 
 
+def _transcript_record(result) -> dict:
+    """An ASR result's text, with Whisper's language (given or detected) and timed segments (and
+    their words, with word timestamps) where it has them."""
+    record = {"text": result.text}
+    if result.language is not None:
+        record["language"] = result.language
+    if result.segments is not None:
+        record["segments"] = [s.to_dict() for s in result.segments]
+    return record
+
+
 def _write_output(item: ManifestItem, result, out_dir: Path) -> str | None:
     path = output_path(out_dir, item)
     try:
@@ -129,10 +138,7 @@ def _write_output(item: ManifestItem, result, out_dir: Path) -> str | None:
             if item.fields.get("codes_out"):
                 write_npy_atomic(path.with_name(f"{path.stem}.codes.npy"), result.codes)
         elif item.fields["format"] == "json":
-            record = {"id": item.id, "text": result.text}
-            if result.segments is not None:
-                record["segments"] = [s.to_dict() for s in result.segments]
-            write_json_atomic(path, record)
+            write_json_atomic(path, {"id": item.id, **_transcript_record(result)})
         elif item.fields["format"] in ("srt", "vtt"):  # subtitles: Whisper's segments (a speech LM's: one cue)
             from speechctl.asr.segments import render, result_segments
 

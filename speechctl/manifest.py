@@ -126,6 +126,35 @@ def _positive(key: str, value: Any, base_dir: Path) -> float:
     return number
 
 
+def _positive_int(key: str, value: Any, base_dir: Path) -> int:
+    """An int >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _FieldError(f"{key!r} must be an integer >= 1, got {_show(value)}")
+    return value
+
+
+def _or_null(validate: Callable[[str, Any, Path], Any]) -> Callable[[str, Any, Path], Any]:
+    """``validate``, or null (a Whisper check that is off, as the command line's "none")."""
+
+    def validate_or_null(key: str, value: Any, base_dir: Path) -> Any:
+        return None if value is None else validate(key, value, base_dir)
+
+    return validate_or_null
+
+
+def _any_number(key: str, value: Any, base_dir: Path) -> float:
+    """A finite number (a threshold; a log-probability is negative)."""
+    return _number(key, value)
+
+
+def _unit(key: str, value: Any, base_dir: Path) -> float:
+    """A number in [0, 1]."""
+    number = _number(key, value)
+    if not 0 <= number <= 1:
+        raise _FieldError(f"{key!r} must be in [0, 1], got {_show(value)}")
+    return number
+
+
 def _flag(key: str, value: Any, base_dir: Path) -> bool:
     """true or false."""
     if not isinstance(value, bool):
@@ -173,8 +202,32 @@ _SCHEMAS: dict[str, dict[str, tuple[Validator, bool]]] = {
     "asr": {
         "audio": (_existing_file, True),
         "format": (_choice(*ASR_FORMATS), False),
+        "seed": (_non_negative_int, False),
+        "temperature": (_non_negative, False),  # Whisper: where the fallback schedule starts
+        "top_k": (_non_negative_int, False),
+        "top_p": (_top_p, False),
+        # Whisper's decoding (speechctl asr's flags, "_" for "-"; "translate": --task translate)
+        "language": (_text, False),
+        "translate": (_flag, False),
+        "beam_size": (_positive_int, False),
+        "best_of": (_positive_int, False),
+        "patience": (_positive, False),
+        "length_penalty": (_or_null(_unit), False),
+        "temperature_increment_on_fallback": (_or_null(_positive), False),
+        "compression_ratio_threshold": (_or_null(_any_number), False),
+        "logprob_threshold": (_or_null(_any_number), False),
+        "no_speech_threshold": (_or_null(_any_number), False),
+        "condition_on_previous_text": (_flag, False),
+        "initial_prompt": (_text, False),
+        "without_timestamps": (_flag, False),
+        "word_timestamps": (_flag, False),
     },
 }
+# The ASR fields that only Whisper's decoding reads (a speech LM's ASR refuses them)
+WHISPER_FIELDS = ("language", "translate", "beam_size", "best_of", "patience", "length_penalty",
+                  "temperature_increment_on_fallback", "compression_ratio_threshold", "logprob_threshold",
+                  "no_speech_threshold", "condition_on_previous_text", "initial_prompt", "without_timestamps",
+                  "word_timestamps")
 _DEFAULT_FORMAT = {"tts": TTS_FORMATS[0], "asr": ASR_FORMATS[0]}
 
 

@@ -341,6 +341,40 @@ def test_batch_runs_asr_items_on_whisper(tmp_path, asr, defaults):
     assert vtt.startswith("WEBVTT\n\n00:00:00.") and defaults["04"].text.split()[-1] in vtt
 
 
+def test_batch_decodes_each_asr_item_as_its_fields_and_the_command_line_say(tmp_path, ours, defaults):
+    """The command line asks for transformers' plain greedy decoding; one item asks for the
+    defaults back (beam 5, fallback, timestamps), one for word timestamps, two for what an
+    English-only model cannot do (each fails alone, named). The clips are ones whose greedy and
+    default transcripts differ."""
+    greedy_flags = ["--beam-size", "1", "--without-timestamps", "--no-condition-on-previous-text",
+                    "--temperature-increment-on-fallback", "none", "--no-speech-threshold", "none"]
+    back_to_defaults = dict(beam_size=5, without_timestamps=False, condition_on_previous_text=True,
+                            temperature_increment_on_fallback=0.2, no_speech_threshold=0.6)
+    items = [
+        {"id": "greedy", "audio": "05.flac"},
+        {"id": "defaults", "audio": "06.flac", **back_to_defaults},
+        {"id": "words", "audio": "22.flac", "format": "json", "word_timestamps": True, **back_to_defaults},
+        {"id": "german", "audio": "09.flac", "language": "de"},
+        {"id": "translated", "audio": "09.flac", "translate": True},
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"task": "asr", **item, "audio": str(SAMPLES / item["audio"])}) + "\n"
+                                for item in items))
+    result = run("batch", str(manifest), "--out-dir", str(tmp_path / "out"), *greedy_flags)
+    assert result.exit_code == 1
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())}
+    assert records["greedy"]["text"] == ours["05"].text  # = transformers' greedy generate (tested above)
+    assert records["defaults"]["text"] == defaults["06"].text  # greedy hears "high lunch" here
+    saved = json.loads((tmp_path / "out" / "words.json").read_text())
+    assert saved["text"] == defaults["22"].text and saved["language"] == "en"
+    words = [w for s in saved["segments"] for w in s["words"]]
+    assert "".join(w["word"] for w in words).strip() == saved["text"]
+    assert "language 'de'" in records["german"]["error"] and "English-only" in records["german"]["error"]
+    assert "cannot translate" in records["translated"]["error"]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 2 and "item 'german'" in errors[0] + errors[1]
+
+
 def test_whisper_is_asr_only_and_describes_itself(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(

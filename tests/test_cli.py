@@ -228,6 +228,21 @@ def test_a_speech_lm_refuses_whisper_flags_rather_than_ignore_them():
     one_line_error(result, "--beam-size, --temperature-increment-on-fallback", "tiny is a speech LM")
 
 
+def test_a_batch_on_a_speech_lm_refuses_whisper_flags_and_fields(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    hello = str(SAMPLES / "asr" / "13.flac")
+    manifest.write_text(json.dumps({"id": "plain", "task": "asr", "audio": hello}) + "\n"
+                        + json.dumps({"id": "beam", "task": "asr", "audio": hello, "beam_size": 3}) + "\n")
+    result = run("batch", str(manifest), "--out-dir", str(tmp_path / "out"), "--model", "tiny", "--beam-size", "3")
+    one_line_error(result, "--beam-size", "tiny is a speech LM")
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+    result = run("batch", str(manifest), "--out-dir", str(tmp_path / "out"), "--model", "tiny")
+    assert result.exit_code == 1
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())}
+    assert records["plain"]["status"] == "ok"
+    assert records["beam"]["error"] == "'beam_size': a Whisper decoding option; this batch's ASR items run on a speech LM"
+
+
 def test_codes_out_needs_one_shot(tmp_path):
     result = run("tts", "Hi.", "--stream", "-o", str(tmp_path / "x.wav"), "--codes-out", str(tmp_path / "c.npy"))
     one_line_error(result, "--codes-out")

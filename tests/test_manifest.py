@@ -87,6 +87,19 @@ def test_valid_tts_and_asr(tmp_path, audio_file):
     assert items[3].fields["format"] == "json"
 
 
+def test_asr_items_take_whisper_decoding_fields(tmp_path, audio_file):
+    """speechctl asr's flags, "_" for "-": null where the command line takes "none"."""
+    fields = dict(language="de", translate=True, beam_size=3, best_of=2, patience=1.5, length_penalty=None,
+                  temperature=0.2, top_k=0, top_p=1, seed=4, temperature_increment_on_fallback=None,
+                  compression_ratio_threshold=None, logprob_threshold=-2, no_speech_threshold=0.5,
+                  condition_on_previous_text=False, initial_prompt="Glossary: vLLM.", without_timestamps=True,
+                  word_timestamps=False)
+    items, errors = read_manifest(write_manifest(tmp_path, asr("r", format="srt", **fields)))
+    assert errors == []
+    assert items[0].fields == {"audio": str(audio_file), "format": "srt", **fields}
+    assert isinstance(items[0].fields["logprob_threshold"], float)
+
+
 def test_relative_paths_resolve_against_manifest_dir(tmp_path, monkeypatch):
     (tmp_path / "sub" / "audio").mkdir(parents=True)
     (tmp_path / "sub" / "audio" / "x.wav").write_bytes(b"RIFF")
@@ -162,6 +175,17 @@ BAD_LINES = [
     ('{"id": "nan", "task": "tts", "text": "x", "max_seconds": NaN}', "nan", "must be a number"),
     (tts("f", format="mp3"), "f", "'format' must be 'wav' or 'flac', got \"mp3\""),
     (asr("f2", format="wav"), "f2", "'format' must be 'txt' or 'json'"),
+    (asr("b0", beam_size=0), "b0", "'beam_size' must be an integer >= 1"),
+    (asr("b1", best_of=2.0), "b1", "'best_of' must be an integer >= 1"),
+    (asr("pa", patience=0), "pa", "'patience' must be > 0"),
+    (asr("lp", length_penalty=1.5), "lp", "'length_penalty' must be in [0, 1]"),
+    (asr("la", language=""), "la", "'language' must be a non-empty string"),
+    (asr("tr", translate="yes"), "tr", "'translate' must be true or false"),
+    (asr("tk2", task="translate"), "tk2", "'task' must be \"tts\" or \"asr\""),  # Whisper's task is "translate"
+    (asr("in", temperature_increment_on_fallback=0), "in", "'temperature_increment_on_fallback' must be > 0"),
+    (asr("th", logprob_threshold="low"), "th", "'logprob_threshold' must be a number"),
+    (asr("wt", word_timestamps=1), "wt", "'word_timestamps' must be true or false"),
+    (asr("bs", beam=5), "bs", "unknown field 'beam' for asr (did you mean 'beam_size'?)"),
     ({"id": "na", "task": "asr"}, "na", "missing 'audio' (required for asr)"),
     (asr("ma", "missing.wav"), "ma", "'audio' file not found:"),
     (tts("mv", voice="nope.wav"), "mv", "'voice' file not found:"),

@@ -359,7 +359,7 @@ class WhisperAsr:
             if options.language not in (None, "en"):
                 raise ValueError(f"language {options.language!r}: {self.name} is an English-only model")
             if options.task == "translate":
-                raise ValueError(f"--task translate: {self.name} is an English-only model (it cannot translate)")
+                raise ValueError(f"task translate: {self.name} is an English-only model (it cannot translate)")
         elif options.language is not None:
             v.language_token(options.language)
         widest = max(options.lanes(t) for t in options.temperatures)

@@ -70,19 +70,55 @@ def whisper_options(fn):
     return wrapper
 
 
-def build_options(settings: dict, sampling):
-    """WhisperOptions from the command line (``--temperature`` starts the fallback schedule)."""
+def build_options(settings: dict, text: dict):
+    """WhisperOptions from ``whisper_options``' settings and the text sampling given
+    (``--temperature`` starts the fallback schedule; ``--top-k``, ``--top-p``)."""
     from speechctl.asr.options import WhisperOptions, temperature_schedule
     from speechctl.errors import InputError
 
     settings = dict(settings)
-    text = sampling.flags["generated"]  # --temperature/--top-k/--top-p: asr generates text
     increment = settings.pop("increment")
     try:
         return WhisperOptions(temperatures=temperature_schedule(text.get("temperature") or 0.0, increment),
                               top_k=text.get("top_k") or 0, top_p=text.get("top_p") or 1.0, **settings)
     except ValueError as e:
         raise InputError(str(e)) from None
+
+
+def manifest_job_options(sampling, whisper: dict | None):
+    """``job_options(fields, task, defaults)`` for a batch's items: ``sampling.job_options``,
+    and for an ASR item that Whisper runs (``whisper``: the command line's settings; None when a
+    speech LM runs them) its WhisperOptions, the item's fields over the command line's flags.
+    A speech LM's ASR item with a Whisper field fails (InputError: the item's one-line error)."""
+    from speechctl.errors import InputError
+    from speechctl.manifest import WHISPER_FIELDS
+
+    def job_options(fields: dict, task: str = "tts", defaults=None) -> dict:
+        options = sampling.job_options(fields, task=task, defaults=defaults)
+        if task != "asr":
+            return options
+        if whisper is None:
+            given = [key for key in WHISPER_FIELDS if key in fields]
+            if given:
+                raise InputError(f"{given[0]!r}: a Whisper decoding option; this batch's ASR items run on a speech LM")
+            return options
+        settings = dict(whisper)
+        for key in (k for k in WHISPER_FIELDS if k in fields):
+            value = fields[key]
+            if key == "translate":
+                settings["task"] = "translate" if value else "transcribe"
+            elif key == "without_timestamps":
+                settings["timestamps"] = not value
+            elif key == "temperature_increment_on_fallback":
+                settings["increment"] = value
+            else:
+                settings[key] = value
+        text = {k: v for k, v in sampling.flags["generated"].items() if v is not None}
+        text.update({k: fields[k] for k in ("temperature", "top_k", "top_p") if k in fields})
+        options["whisper"] = build_options(settings, text)
+        return options
+
+    return job_options
 
 
 @click.command("asr")
@@ -123,7 +159,7 @@ def command(files, model, fmt, out_dir, max_tokens, max_window, max_num_seqs, ma
     if max_tokens is not None:
         options["max_tokens"] = max_tokens
     if uses_whisper:
-        options["whisper"] = build_options(whisper, sampling)
+        options["whisper"] = build_options(whisper, sampling.flags["generated"])  # asr generates text
     elif whisper_given:
         raise InputError(f"{', '.join(whisper_given)}: Whisper decoding options; {model} is a speech LM (its ASR samples text greedily or with --temperature/--top-k/--top-p)")
 
