@@ -55,6 +55,31 @@ def test_readme_command_writes_a_wav(tmp_path):
     assert said and said[0].startswith("hello.wav: ") and all(line.startswith(("hello.wav: ", "note: ")) for line in said), proc.stderr
 
 
+def test_the_console_script_ends_at_once_with_everything_said(tmp_path):
+    """After the command, the process exits without Python's teardown of vLLM and torch
+    (speechctl.cli.leave): what it wrote to stdout arrives whole, the exit status is the
+    command's, and an atexit handler (the teardown's first step) never runs."""
+    exe = Path(sys.executable).parent / "speechctl"
+    proc = subprocess.run([str(exe), "tts", "Piped out.", "--seed", "3", "--max-seconds", "0.4", "-o", "-"],
+                          cwd=tmp_path, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    piped, rate = sf.read(io.BytesIO(proc.stdout))
+    assert rate == 16000 and len(piped) > 0
+    written = run("tts", "Piped out.", "--seed", "3", "--max-seconds", "0.4", "-o", str(tmp_path / "same.wav"))
+    assert written.exit_code == 0 and np.array_equal(sf.read(tmp_path / "same.wav")[0], piped)
+    failed = subprocess.run([str(exe), "asr", "missing.wav", str(SAMPLES / "asr" / "13.flac"), "--model", "tiny"],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1] == "Error: missing.wav: no such file"
+    assert failed.stdout.strip()  # the readable file's transcript came out before the error's exit
+    code = ("import atexit, sys; from speechctl.cli import main;"
+            "atexit.register(lambda: print('TEARDOWN', file=sys.stderr)); main()")
+    quick = subprocess.run([sys.executable, "-c", code, "tts", "Quick.", "--max-seconds", "0.2", "-o", "q.wav"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert quick.returncode == 0 and (tmp_path / "q.wav").is_file() and "TEARDOWN" not in quick.stderr, quick.stderr
+    plain = subprocess.run([sys.executable, "-c", code, "models"], cwd=tmp_path, capture_output=True, text=True)
+    assert plain.returncode == 0 and "TEARDOWN" in plain.stderr  # no vLLM loaded: Python's own exit
+
+
 def test_tts_stdin_to_stdout_and_flac(tmp_path):
     result = run("tts", "-", "-o", "-", input="Text from stdin.\n")
     assert result.exit_code == 0, result.stderr
