@@ -176,6 +176,24 @@ def _choice(*choices: str) -> Callable[[str, Any, Path], str]:
 
 Validator = Callable[[str, Any, Path], Any]
 
+# An ASR item's Whisper decoding: speechctl asr's flags, "_" for "-" ("translate": --task translate)
+_WHISPER_FIELDS: dict[str, Validator] = {
+    "language": _text,
+    "translate": _flag,
+    "beam_size": _positive_int,
+    "best_of": _positive_int,
+    "patience": _positive,
+    "length_penalty": _or_null(_unit),
+    "temperature_increment_on_fallback": _or_null(_positive),
+    "compression_ratio_threshold": _or_null(_any_number),
+    "logprob_threshold": _or_null(_any_number),
+    "no_speech_threshold": _or_null(_any_number),
+    "condition_on_previous_text": _flag,
+    "initial_prompt": _text,
+    "without_timestamps": _flag,
+    "word_timestamps": _flag,
+}
+
 # Per task: field -> (validator, required). "format" is filled with its default when absent.
 _SCHEMAS: dict[str, dict[str, tuple[Validator, bool]]] = {
     "tts": {
@@ -206,28 +224,10 @@ _SCHEMAS: dict[str, dict[str, tuple[Validator, bool]]] = {
         "temperature": (_non_negative, False),  # Whisper: where the fallback schedule starts
         "top_k": (_non_negative_int, False),
         "top_p": (_top_p, False),
-        # Whisper's decoding (speechctl asr's flags, "_" for "-"; "translate": --task translate)
-        "language": (_text, False),
-        "translate": (_flag, False),
-        "beam_size": (_positive_int, False),
-        "best_of": (_positive_int, False),
-        "patience": (_positive, False),
-        "length_penalty": (_or_null(_unit), False),
-        "temperature_increment_on_fallback": (_or_null(_positive), False),
-        "compression_ratio_threshold": (_or_null(_any_number), False),
-        "logprob_threshold": (_or_null(_any_number), False),
-        "no_speech_threshold": (_or_null(_any_number), False),
-        "condition_on_previous_text": (_flag, False),
-        "initial_prompt": (_text, False),
-        "without_timestamps": (_flag, False),
-        "word_timestamps": (_flag, False),
+        **{key: (validate, False) for key, validate in _WHISPER_FIELDS.items()},
     },
 }
-# The ASR fields that only Whisper's decoding reads (a speech LM's ASR refuses them)
-WHISPER_FIELDS = ("language", "translate", "beam_size", "best_of", "patience", "length_penalty",
-                  "temperature_increment_on_fallback", "compression_ratio_threshold", "logprob_threshold",
-                  "no_speech_threshold", "condition_on_previous_text", "initial_prompt", "without_timestamps",
-                  "word_timestamps")
+WHISPER_FIELDS = tuple(_WHISPER_FIELDS)  # the ASR fields only Whisper reads (a speech LM's ASR refuses them)
 _DEFAULT_FORMAT = {"tts": TTS_FORMATS[0], "asr": ASR_FORMATS[0]}
 
 
