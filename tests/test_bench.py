@@ -87,6 +87,20 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
     assert 0 <= result["start_up_graphs_s"] <= result["startup_s"]
 
 
+def test_family_bench_times_the_generic_shape_first_on_the_same_settings():
+    """--generic: the generic multi-stream model of the backbone's size (tiny here) in the same
+    run and engine settings, and the family's frames/s over its at each concurrency."""
+    from speechctl.bench.families import run_family_bench
+
+    result = run_family_bench("higgs_audio_v2", "tiny", concurrencies=(1, 2), frames=6, repeats=1,
+                              transformers_too=False, log=lambda row: None, generic=True)
+    rows = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in result["rows"]}
+    assert list(rows) == [("generic shape", 1), ("generic shape", 2), ("speechctl", 1), ("speechctl", 2)]
+    assert result["generic"]["shape"]["shape"] == "tiny" and result["generic"]["startup_s"] > 0
+    for c in (1, 2):
+        assert result["vs_generic"][str(c)] == pytest.approx(rows["speechctl", c] / rows["generic shape", c], abs=1e-3)
+
+
 @pytest.mark.parametrize("family", ["dia", "musicgen"])
 def test_guided_bench_sets_cfg_beside_its_bound_and_transformers_guidance(family, tmp_path):
     """Dia / MusicGen (tiny, each family's own sampling and CFG): speechctl with CFG, without

@@ -9,6 +9,12 @@ prompts, so no padding waste).
 
     python -m speechctl.bench.families --family higgs_audio_v2 --concurrency 1,64 --out out/higgs.json
     python -m speechctl.bench.families --family csm --concurrency 1,64 --out out/csm.json
+
+``--generic`` also times, first and in the same process, speechctl's generic multi-stream model
+with the family's backbone size (``speechctl.bench.shapes``: Higgs' "higgs-3b", CSM's
+"llama-1b") on the same engine settings and workload: ``vs_generic`` is the family's frames/s
+over the generic shape's at each concurrency, side by side in one run (issue 21: the real
+architectures at >= 0.95 of the generic shape).
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ FAMILIES = {
         depth_decoder_top_k=AUDIO_SAMPLING.top_k,
     )),
 }
+# family -> the generic shape (speechctl.bench.shapes) of its backbone's size, at full size
+GENERIC_SHAPES = {"higgs_audio_v2": "higgs-3b", "csm": "llama-1b"}
 
 
 def run_family_bench(
@@ -73,11 +81,13 @@ def run_family_bench(
     engine_overrides: dict | None = None,
     log=print,
     partial=None,
+    generic: bool = False,
 ) -> dict:
     """``partial(result)`` is called with the result so far after every row (a run cut short by
     a time limit still leaves its measured rows). ``codec``: also end to end, text to waveform
     with the family's codec on the device (``Speech.run_requests``: decodes off the step loop),
-    beside the LM alone in the same engine."""
+    beside the LM alone in the same engine. ``generic``: the generic shape of the family's
+    backbone size first, on the same settings (``vs_generic``)."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
     from speechctl.models.weights import read_config
 
@@ -91,6 +101,12 @@ def run_family_bench(
             load_format="dummy" if size == "full" else "auto",
             **(engine_overrides or {}),
         )
+        rows = []
+        generic_result = None
+        if generic:
+            shape = GENERIC_SHAPES[family] if size == "full" else "tiny"
+            generic_result = _generic_rows(shape, config, concurrencies, frames, repeats, log)
+            rows += generic_result.pop("rows")
         started = time.perf_counter()
         if codec:
             from speechctl.api import Speech
@@ -112,7 +128,6 @@ def run_family_bench(
         def speechctl_run(count: int) -> float:
             return time_requests(engine, workload(count))
 
-        rows = []
         result = {
             "family": family,
             "size": size,
@@ -124,6 +139,7 @@ def run_family_bench(
             "codec_frame_rate": speech.codec.frame_rate if codec else None,
             "codec_decode_graphs": speech.codec.decode_graphs if codec else None,  # None: eager
             "rows": rows,
+            "generic": generic_result,  # the generic shape's engine (its rows are among ``rows``)
             "environment": environment(),
         }
         if family == "higgs_audio_v2":  # without vLLM's MoE kernels its DualFFN runs both MLPs
@@ -159,6 +175,10 @@ def run_family_bench(
             if codec:
                 end_to_end(count)
                 add(rate_row("speechctl+codec", count, frames, [end_to_end(count) for _ in range(repeats)], frame_rate))
+        if generic:
+            fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
+            result["vs_generic"] = {str(c): round(fps["speechctl", c] / fps["generic shape", c], 3) for c in concurrencies}
+            log({"vs_generic": result["vs_generic"]})
         prompt_ids = workload(1)[0].prompt_ids
         if codec:
             speech.close()
@@ -169,6 +189,40 @@ def run_family_bench(
                 times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
                 add(rate_row("transformers", count, frames, times))
         return result
+
+
+def _generic_rows(shape: str, config, concurrencies, frames: int, repeats: int, log) -> dict:
+    """speechctl's generic multi-stream model of bench shape ``shape`` (random weights) on the
+    family's engine settings and workload: rows "generic shape", timed as the family's are."""
+    from dataclasses import replace
+
+    from speechctl.bench.shapes import SHAPES, describe, shape_checkpoint
+    from speechctl.engine.engine import SpeechEngine
+    from speechctl.models.generic.checkpoint import create_multistream_checkpoint
+
+    recipe = SHAPES[shape]
+    path = shape_checkpoint(shape, create_multistream_checkpoint)
+    started = time.perf_counter()
+    engine = SpeechEngine(path, replace(config, dtype=recipe.dtype, load_format="auto" if recipe.weights else "dummy"))
+    startup = time.perf_counter() - started
+    prompts = engine.prompt_builder()
+
+    def run(count: int) -> float:
+        return time_requests(engine, [
+            prompts.tts(TEXT.format(i=i % 10), audio_sampling=AUDIO_SAMPLING, seed=i, max_frames=frames,
+                        min_frames=frames, tag=i)
+            for i in range(count)
+        ])
+
+    rows = []
+    try:
+        for count in concurrencies:
+            run(count)  # warm-up at this batch size
+            rows.append(rate_row("generic shape", count, frames, [run(count) for _ in range(repeats)]))
+            log(rows[-1])
+    finally:
+        engine.shutdown()
+    return {"shape": describe(shape), "startup_s": round(startup, 1), "rows": rows}
 
 
 def time_requests(engine, requests) -> float:
@@ -239,13 +293,15 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--codec", action="store_true", help="also end to end: text to waveform with the family's codec")
+    parser.add_argument("--generic", action="store_true",
+                        help="first the generic shape of the family's backbone size, same settings (vs_generic)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     write = result_writer(args.out, "speechctl.bench.families", argv)
 
     result = run_family_bench(
         args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
-        args.repeats, transformers_too=not args.no_transformers, codec=args.codec, partial=write,
+        args.repeats, transformers_too=not args.no_transformers, codec=args.codec, partial=write, generic=args.generic,
     )
     write(result)
     print(json.dumps(result, indent=2))
