@@ -44,6 +44,14 @@ def gpu_memory_share(default: float | None = None) -> float | None:
     return default if share is None else share
 
 
+def device_bytes_total(device=0) -> int:
+    """Bytes of the GPU's whole memory (device 0: the first this process sees, the one vLLM's
+    worker in it runs on)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def device_bytes_free(device=None) -> int:
     """Bytes of the GPU this process could still allocate: the driver's free memory and the
     blocks this process's caching allocator holds unused."""

@@ -147,12 +147,11 @@ def _memory(speech) -> dict | None:
     alone); and the codec's batch bound and decode graphs; None on the CPU."""
     import torch
 
-    from speechctl.accelerator import device_bytes_in_use
+    from speechctl.accelerator import device_bytes_in_use, device_bytes_total
 
     if not torch.cuda.is_available():
         return None
-    total = torch.cuda.get_device_properties(0).total_memory
-    in_gib = {"total": total, "in_use": device_bytes_in_use(), "engine_step_room": speech.engine.step_room_bytes}
+    in_gib = {"total": device_bytes_total(), "in_use": device_bytes_in_use(), "engine_step_room": speech.engine.step_room_bytes}
     return {**{name: round(b / 2**30, 2) for name, b in in_gib.items()},
             "codec_max_batch_frames": speech.codec.max_batch_frames, "codec_decode_graphs": speech.codec.decode_graphs_recorded}
 

@@ -100,6 +100,6 @@ class EngineConfig:
         # With the KV cache given in bytes vLLM sizes nothing by the fraction, but refuses to start
         # unless fraction x device memory is free: ask for the cache's share, so that engines with
         # a byte budget start beside other engines of the process.
-        import torch
+        from speechctl.accelerator import device_bytes_total
 
-        return min(share, max(0.01, self.kv_cache_bytes / torch.cuda.get_device_properties(0).total_memory))
+        return min(share, max(0.01, self.kv_cache_bytes / device_bytes_total()))

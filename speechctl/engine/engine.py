@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from speechctl.accelerator import device_bytes_in_use, has_cuda
+from speechctl.accelerator import device_bytes_in_use, device_bytes_total, has_cuda
 from speechctl.engine import vllm_compat
 from speechctl.engine.admission import Admission
 from speechctl.engine.config import EngineConfig
@@ -95,14 +95,12 @@ class SpeechEngine:
         next large prefill out of memory (thirty-sixth session, H100). 0 on the CPU."""
         if used_before is None:
             return 0
-        import torch
-
         peaks = [p for p in self._vllm.collective_rpc(vllm_compat.peak_activation_bytes) if p is not None]
         share_left = 0
         if self.config.kv_cache_bytes is None:  # (KV cache given in bytes: vLLM sized nothing by the share)
             share = self._vllm.vllm_config.cache_config.gpu_memory_utilization
             taken = device_bytes_in_use() - used_before
-            share_left = int(share * torch.cuda.get_device_properties(0).total_memory) - taken
+            share_left = int(share * device_bytes_total()) - taken
         return max(0, share_left, *peaks)
 
     def warm_up(self, audio_sampling: Sampling = DEFAULT_AUDIO) -> None:
