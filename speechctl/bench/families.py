@@ -119,14 +119,7 @@ def run_family_bench(
         prompts = engine.prompt_builder()
 
         def workload(count: int):
-            return [
-                prompts.tts(TEXT.format(i=i % 10), audio_sampling=AUDIO_SAMPLING, seed=i,
-                            max_frames=frames, min_frames=frames, tag=i)
-                for i in range(count)
-            ]
-
-        def speechctl_run(count: int) -> float:
-            return time_requests(engine, workload(count))
+            return tts_requests(prompts, count, frames)
 
         result = {
             "family": family,
@@ -170,11 +163,9 @@ def run_family_bench(
 
         frame_rate = result["codec_frame_rate"]
         for count in concurrencies:
-            speechctl_run(count)  # warm-up at this batch size
-            add(rate_row("speechctl", count, frames, [speechctl_run(count) for _ in range(repeats)], frame_rate))
+            add(timed_row("speechctl", lambda: time_requests(engine, workload(count)), count, frames, repeats, frame_rate))
             if codec:
-                end_to_end(count)
-                add(rate_row("speechctl+codec", count, frames, [end_to_end(count) for _ in range(repeats)], frame_rate))
+                add(timed_row("speechctl+codec", lambda: end_to_end(count), count, frames, repeats, frame_rate))
         if generic:
             fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
             result["vs_generic"] = {str(c): round(fps["speechctl", c] / fps["generic shape", c], 3) for c in concurrencies}
@@ -206,23 +197,28 @@ def _generic_rows(shape: str, config, concurrencies, frames: int, repeats: int, 
     engine = SpeechEngine(path, replace(config, dtype=recipe.dtype, load_format="auto" if recipe.weights else "dummy"))
     startup = time.perf_counter() - started
     prompts = engine.prompt_builder()
-
-    def run(count: int) -> float:
-        return time_requests(engine, [
-            prompts.tts(TEXT.format(i=i % 10), audio_sampling=AUDIO_SAMPLING, seed=i, max_frames=frames,
-                        min_frames=frames, tag=i)
-            for i in range(count)
-        ])
-
     rows = []
     try:
         for count in concurrencies:
-            run(count)  # warm-up at this batch size
-            rows.append(rate_row("generic shape", count, frames, [run(count) for _ in range(repeats)]))
+            rows.append(timed_row("generic shape", lambda: time_requests(engine, tts_requests(prompts, count, frames)),
+                                  count, frames, repeats))
             log(rows[-1])
     finally:
         engine.shutdown()
     return {"shape": describe(shape), "startup_s": round(startup, 1), "rows": rows}
+
+
+def tts_requests(prompts, count: int, frames: int) -> list:
+    """The bench's workload: ``count`` requests of exactly ``frames`` frames, each its own seed."""
+    return [prompts.tts(TEXT.format(i=i % 10), audio_sampling=AUDIO_SAMPLING, seed=i, max_frames=frames,
+                        min_frames=frames, tag=i)
+            for i in range(count)]
+
+
+def timed_row(system: str, run, count: int, frames: int, repeats: int, frame_rate: float | None = None) -> dict:
+    """``run()`` once untimed (a warm-up at this batch size), then ``repeats`` times: its row."""
+    run()
+    return rate_row(system, count, frames, [run() for _ in range(repeats)], frame_rate)
 
 
 def time_requests(engine, requests) -> float:
