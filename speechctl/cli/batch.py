@@ -24,13 +24,12 @@ def command(manifest, out_dir, sampling, whisper, whisper_given, engine):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from speechctl.asr import is_whisper
     from speechctl.batch import plan, run_batch
     from speechctl.errors import InputError
 
     console = Console(stderr=True)
     items, errors, skipped = plan(manifest, out_dir)
-    on_whisper = is_whisper(engine.model)  # where ASR items run: Whisper unless --model is a speech LM
+    on_whisper = engine.asr_on_whisper()
     if whisper_given and not on_whisper and any(item.task == "asr" for item in items):
         raise InputError(f"{', '.join(whisper_given)}: Whisper decoding options; {engine.model} is a speech LM "
                          "(its ASR samples text greedily or with --temperature/--top-k/--top-p)")

@@ -109,16 +109,20 @@ class EngineChoice:
         n, dtype = self.config["max_num_seqs"], self.config["dtype"]
         return shared(("whisper", self.model, n, dtype), lambda: WhisperAsr(self.model, WhisperConfig(max_num_seqs=n, dtype=dtype)))
 
-    def batch_engines(self, items) -> tuple:
-        """(speech, asr) for a batch: ASR items run on Whisper when ``--model`` is a Whisper model
-        or not given; TTS items run on the speech LM (``--model``, default tiny). Either may be
-        None."""
+    def asr_on_whisper(self) -> bool:
+        """Whether ASR items run on Whisper: when ``--model`` is a Whisper model or not given
+        (else on the speech LM it names)."""
         from speechctl.asr import is_whisper
 
+        return is_whisper(self.model)
+
+    def batch_engines(self, items) -> tuple:
+        """(speech, asr) for a batch: ASR items run on Whisper where ``asr_on_whisper``; TTS items
+        run on the speech LM (``--model``, default tiny). Either may be None."""
         tts = any(item.task == "tts" for item in items)
         asr_items = any(item.task == "asr" for item in items)
-        whisper_asr = asr_items and is_whisper(self.model)
-        explicit_whisper = self.model is not None and is_whisper(self.model)
+        whisper_asr = asr_items and self.asr_on_whisper()
+        explicit_whisper = self.model is not None and self.asr_on_whisper()
         speech = self.speech() if (tts and not explicit_whisper) or (asr_items and not whisper_asr) else None
         return speech, (self.whisper() if whisper_asr else None)
 
