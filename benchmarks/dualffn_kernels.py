@@ -18,6 +18,12 @@ Each row gives microseconds per call and its ratio to ``one_mlp`` at the same M;
 also the largest difference from the dense audio MLP's output (the same weights). The fused rows
 need CUDA and vLLM's MoE kernels; elsewhere they are recorded as skipped (the CPU runs the dense
 rows at any shape, for the test).
+
+vLLM ships no tuned tile sizes for two experts of this shape, so ``fused_audio`` runs its default
+heuristic. ``--tune SECONDS`` also times ``fused_audio`` at each M under a set of candidate tile
+sizes (``tile_candidates``, as vLLM's own tuner sweeps them, smaller) for at most that long, adds
+a ``fused_audio_tuned`` row with the fastest, and writes them as the config file vLLM reads
+(``--tuned-out``: token count -> tiles, under the name vLLM looks for on this GPU).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ def parse(argv):
     p.add_argument("--iters", type=int, default=200, help="calls per timing (graph replays)")
     p.add_argument("--repeats", type=int, default=5, help="timings per row (the median is reported)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tune", type=float, default=0.0, help="seconds at most for tuning the fused kernel's tiles (0: none)")
+    p.add_argument("--tuned-out", default=None, help="folder for the tuned config file (default: beside --out)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     args.tokens = [int(t) for t in str(args.tokens).split(",") if t]
@@ -50,7 +58,9 @@ def parse(argv):
 def command(args) -> str:
     return " ".join(["python", "benchmarks/dualffn_kernels.py", "--tokens", ",".join(map(str, args.tokens)),
                      "--hidden", str(args.hidden), "--intermediate", str(args.intermediate), "--iters", str(args.iters),
-                     "--repeats", str(args.repeats), "--device", args.device, "--out", args.out])
+                     "--repeats", str(args.repeats), "--device", args.device]
+                    + (["--tune", f"{args.tune:g}"] if args.tune else [])
+                    + (["--tuned-out", args.tuned_out] if args.tuned_out else []) + ["--out", args.out])
 
 
 def mlp(x, w13, w2):
@@ -85,6 +95,40 @@ def variants(w13, w2, is_audio) -> dict:
     audio_ids, mixed_ids = torch.ones_like(is_audio, dtype=torch.int32), is_audio.to(torch.int32)
     return {**out, "fused_audio": lambda x: vllm_compat.grouped_mlp(x, w13, w2, audio_ids),
             "fused_mixed": lambda x: vllm_compat.grouped_mlp(x, w13, w2, mixed_ids)}
+
+
+def tile_candidates(tokens: int) -> list[dict]:
+    """The Triton tiles tried for ``tokens`` rows: M tiles no taller than the rows need (a decode
+    step's few rows waste the rest), N/K tiles, warps and pipeline depths around vLLM's defaults
+    for bfloat16; grouping only where an expert has many M tiles."""
+    tallest = max(16, 1 << max(0, tokens - 1).bit_length())
+    return [{"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": gm, "SPLIT_K": 1,
+             "num_warps": warps, "num_stages": stages}
+            for bm in (16, 32, 64, 128) if bm <= tallest
+            for bn in (64, 128, 256) for bk in (64, 128) if not (bm == 128 and bn == 256 and bk == 128)
+            for gm in ((1, 16) if tokens >= 256 else (1,))
+            for warps in (4, 8) for stages in (3, 4)]
+
+
+def tune(call, x, candidates: list[dict], deadline: float, iters: int, repeats: int) -> tuple[dict | None, float, int]:
+    """The fastest of ``candidates`` for ``call`` on ``x`` (the tiles, microseconds, how many
+    ran) before ``deadline`` (``time.monotonic``); tiles the GPU cannot hold are passed over."""
+    from speechctl.engine import vllm_compat
+
+    best, best_us, tried = None, float("inf"), 0
+    for tiles in candidates:
+        if time.monotonic() > deadline:
+            break
+        try:
+            with vllm_compat.grouped_mlp_config(tiles):
+                us = timed(call, x, iters, repeats)
+        except Exception as e:  # Triton's OutOfResources (shared memory), and kin
+            print(f"tiles {tiles}: {type(e).__name__}", file=sys.stderr)
+            continue
+        tried += 1
+        if us < best_us:
+            best, best_us = tiles, us
+    return best, best_us, tried
 
 
 def timed(call, x, iters: int, repeats: int) -> float:
@@ -132,6 +176,7 @@ def main(argv=None) -> dict:
     record = {"command": command(args), "shape": {"hidden": H, "intermediate": I, "dtype": str(dtype).split(".")[-1]},
               "environment": {"torch": torch.__version__, "device": torch.cuda.get_device_name(device)
                               if device.type == "cuda" else "cpu"}, "rows": [], "skipped": {}}
+    tuned, deadline = {}, time.monotonic() + args.tune
     for M in args.tokens:
         x = torch.randn(M, H, generator=g).to(device, dtype)
         is_audio = (torch.arange(M) % 2 == 0)[:, None].to(device)
@@ -149,8 +194,33 @@ def main(argv=None) -> dict:
                     row["max_abs_diff"] = float((call(x).float() - reference).abs().max())
                 record["rows"].append(row)
                 print(json.dumps(row), flush=True)
+                if name == "fused_audio" and args.tune:
+                    # the time left shared among the sizes still to tune
+                    left = len(args.tokens) - args.tokens.index(M)
+                    share = time.monotonic() + (deadline - time.monotonic()) / left
+                    tiles, best, tried = tune(call, x, tile_candidates(M), share, args.iters, args.repeats)
+                    if tiles is not None:
+                        tuned[M] = tiles
+                        row = {"variant": "fused_audio_tuned", "tokens": M, "us_per_call": round(best, 2),
+                               "vs_one_mlp": round(best / floor, 3), "tiles": tiles, "tiles_tried": tried,
+                               "tiles_candidates": len(tile_candidates(M))}
+                        record["rows"].append(row)
+                        print(json.dumps(row), flush=True)
+    if tuned:
+        record["tuned_config_file"] = write_tuned(tuned, args)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+def write_tuned(tuned: dict, args) -> str:
+    """The tuned tiles as vLLM reads them (token count -> tiles), under the name vLLM looks for."""
+    from speechctl.engine import vllm_compat
+
+    folder = Path(args.tuned_out or Path(args.out).parent)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / vllm_compat.grouped_mlp_config_file(2, args.intermediate)
+    path.write_text(json.dumps({str(m): tiles for m, tiles in sorted(tuned.items())}, indent=1) + "\n")
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -370,6 +370,34 @@ def test_bench_shapes_are_built_once_at_a_stable_path(tmp_path, monkeypatch):
     assert other != first and len(_counting_writer.calls) == 2
 
 
+def test_dualffn_tuner_keeps_the_fastest_tiles_and_passes_over_those_that_fail(monkeypatch):
+    """benchmarks/dualffn_kernels.py's ``tune``: each candidate timed with its tiles in force (read
+    where vLLM's kernel reads them), one the GPU cannot hold passed over, the fastest kept; no
+    candidate is taller than the rows need."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import dualffn_kernels
+    from vllm.model_executor.layers.fused_moe import get_config
+
+    def timed(call, x, iters, repeats):  # the time a tile choice gives, read from vLLM's override
+        tiles = get_config()
+        if tiles["num_warps"] == 8 and tiles["BLOCK_SIZE_N"] == 64:
+            raise RuntimeError("out of resources")
+        return {16: 30.0, 32: 20.0}[tiles["BLOCK_SIZE_M"]] + tiles["BLOCK_SIZE_K"] / 64
+
+    monkeypatch.setattr(dualffn_kernels, "timed", timed)
+    candidates = dualffn_kernels.tile_candidates(20)
+    assert {c["BLOCK_SIZE_M"] for c in candidates} == {16, 32} and len(candidates) == 48
+    assert {c["BLOCK_SIZE_M"] for c in dualffn_kernels.tile_candidates(1)} == {16}
+    best, us, tried = dualffn_kernels.tune(None, None, candidates, float("inf"), 1, 1)
+    assert (best["BLOCK_SIZE_M"], best["BLOCK_SIZE_K"], us) == (32, 64, 21.0)
+    assert best["num_warps"] == 4 or best["BLOCK_SIZE_N"] != 64
+    assert tried == len(candidates) - sum(c["num_warps"] == 8 and c["BLOCK_SIZE_N"] == 64 for c in candidates)
+    assert get_config() is None  # the override is undone
+    assert dualffn_kernels.tune(None, None, candidates, 0.0, 1, 1) == (None, float("inf"), 0)  # past its deadline
+
+
 def test_dualffn_kernels_bench_times_the_mlp_variants_it_can_run(tmp_path):
     """benchmarks/dualffn_kernels.py at a tiny shape on the CPU: the dense rows at every size,
     each against one MLP's time; the fused rows say why they did not run; the command recorded
@@ -383,14 +411,14 @@ def test_dualffn_kernels_bench_times_the_mlp_variants_it_can_run(tmp_path):
     import dualffn_kernels
 
     args = ["--device", "cpu", "--hidden", "32", "--intermediate", "64", "--tokens", "1,4", "--iters", "2",
-            "--repeats", "1", "--out", str(tmp_path / "k.json")]
+            "--repeats", "1", "--tune", "5", "--out", str(tmp_path / "k.json")]
     record = dualffn_kernels.main(args)
     assert json.loads((tmp_path / "k.json").read_text()) == record
     rows = {(r["variant"], r["tokens"]): r for r in record["rows"]}
     assert set(rows) == {(v, m) for v in ("one_mlp", "both_mlps") for m in (1, 4)}
     assert all(rows[("one_mlp", m)]["vs_one_mlp"] == 1.0 for m in (1, 4))
     assert all(r["us_per_call"] > 0 for r in rows.values())
-    assert set(record["skipped"]) == {"fused_audio", "fused_mixed"}
+    assert set(record["skipped"]) == {"fused_audio", "fused_mixed"} and "tuned_config_file" not in record
     recorded = record["command"].split()
     assert vars(dualffn_kernels.parse(recorded[2:])) == vars(dualffn_kernels.parse(args))
     x, w13, w2 = torch.randn(3, 32), torch.randn(2, 128, 32), torch.randn(2, 32, 64)  # the MLP itself

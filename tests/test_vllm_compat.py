@@ -534,6 +534,37 @@ def test_fused_moe_kernel_takes_the_dual_ffn_call():
     assert (got - want).norm() / want.norm() < 2e-2
 
 
+def test_grouped_mlp_tiles_are_set_and_found_where_vllm_reads_them(tmp_path, monkeypatch):
+    """``grouped_mlp_config`` is the tile override vLLM's fused MoE kernel reads (and is undone
+    after); ``grouped_mlp_config_file`` is the name vLLM looks for a tuned config under, in
+    ``VLLM_TUNED_CONFIG_FOLDER``, so a file written under it is the one vLLM uses."""
+    import json
+
+    from vllm.model_executor.layers.fused_moe import fused_moe as moe
+
+    w13_shape, w2_shape = (2, 128, 32), (2, 32, 64)  # two experts, intermediate 64
+    tiles = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "SPLIT_K": 1,
+             "num_warps": 8, "num_stages": 3}
+    default = moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 4)
+    assert default != tiles
+    with vllm_compat.grouped_mlp_config(tiles):
+        assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 4) == tiles
+    assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 4) == default
+    with pytest.raises(RuntimeError), vllm_compat.grouped_mlp_config(tiles):
+        raise RuntimeError("a tile the GPU cannot hold")  # (vLLM's own context would keep the tiles)
+    assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 4) == default
+
+    tuned = {"1": tiles, "64": {**tiles, "BLOCK_SIZE_M": 64}}
+    (tmp_path / vllm_compat.grouped_mlp_config_file(2, 64)).write_text(json.dumps(tuned))
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    moe.get_moe_configs.cache_clear()
+    try:
+        assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 2) == tiles  # the nearest size's
+        assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 50)["BLOCK_SIZE_M"] == 64
+    finally:
+        moe.get_moe_configs.cache_clear()
+
+
 # -- the encoder-decoder path (Dia, MusicGen: speechctl/models/encoder_decoder.py) ------------
 
 

@@ -624,6 +624,32 @@ def grouped_mlp(x, w13, w2, expert_ids):
     return fused_experts(x, w13, w2, weights, expert_ids, global_num_experts=w13.shape[0])
 
 
+@contextlib.contextmanager
+def grouped_mlp_config(config: dict | None):
+    """A context in which ``grouped_mlp`` runs with ``config`` (the Triton kernel's tile sizes:
+    BLOCK_SIZE_M/N/K, GROUP_SIZE_M, SPLIT_K, num_warps, num_stages) whatever the token count, as
+    vLLM's own tuner sets it (``fused_moe.override_config``); None: vLLM's choice. Undone however
+    the context ends: vLLM's own context keeps its override when an exception leaves it (a tile
+    the GPU cannot hold), which would hand those tiles to every later call."""
+    from vllm.model_executor.layers import fused_moe
+
+    before = fused_moe.get_config()
+    try:
+        with fused_moe.override_config(config):
+            yield
+    finally:
+        fused_moe._config = before  # override_config's own restore, which an exception skips
+
+
+def grouped_mlp_config_file(experts: int, intermediate: int) -> str:
+    """The name vLLM looks for a tuned ``grouped_mlp`` config under (bfloat16/float16 weights of
+    ``experts`` x [2 * ``intermediate``, H]; this GPU's name in it), in its own config folder or in
+    ``VLLM_TUNED_CONFIG_FOLDER`` (read first): a JSON of token count -> config."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import get_config_file_name
+
+    return get_config_file_name(experts, intermediate, None)
+
+
 def tensor_parallel_rank_and_size() -> tuple[int, int]:
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
