@@ -396,6 +396,12 @@ def test_dualffn_tuner_keeps_the_fastest_tiles_and_passes_over_those_that_fail(m
     assert tried == len(candidates) - sum(c["num_warps"] == 8 and c["BLOCK_SIZE_N"] == 64 for c in candidates)
     assert get_config() is None  # the override is undone
     assert dualffn_kernels.tune(None, None, candidates, 0.0, 1, 1) == (None, float("inf"), 0)  # past its deadline
+    from speechctl.engine import vllm_compat
+
+    for tokens in (1, 64, 1024):  # vLLM's own tiles are among the candidates, first
+        default = vllm_compat.grouped_mlp_default_config(tokens, 2, 8192, 3072)
+        ordered = dualffn_kernels.tile_candidates(tokens, default)
+        assert ordered[0] == default and sorted(map(str, ordered)) == sorted(map(str, dualffn_kernels.tile_candidates(tokens)))
 
 
 def test_dualffn_kernels_bench_times_the_mlp_variants_it_can_run(tmp_path):

@@ -641,6 +641,14 @@ def grouped_mlp_config(config: dict | None):
         fused_moe._config = before  # override_config's own restore, which an exception skips
 
 
+def grouped_mlp_default_config(tokens: int, experts: int, intermediate: int, hidden: int) -> dict:
+    """The tiles vLLM's heuristic picks for ``grouped_mlp`` at ``tokens`` rows where it has no tuned
+    config (bfloat16/float16 weights, top-1)."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import get_default_config
+
+    return get_default_config(tokens, experts, intermediate, hidden, 1, None)
+
+
 def grouped_mlp_config_file(experts: int, intermediate: int) -> str:
     """The name vLLM looks for a tuned ``grouped_mlp`` config under (bfloat16/float16 weights of
     ``experts`` x [2 * ``intermediate``, H]; this GPU's name in it), in its own config folder or in
