@@ -206,10 +206,12 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     saturated = result["saturation"]
     assert saturated["steps"] > 0 and saturated["engine_s"] > 0
     assert saturated["engine_s"] + saturated["codec_s"] + saturated["host_s"] <= saturated["makespan_s"] + 2e-3
-    # beside it the same round with one setting for all (a model that ends by itself may say
-    # more or less with other settings: the rate is what compares)
+    # beside it the same round with one setting for all: the same work (each request exactly its
+    # length, however its sampling would have ended it), so the rates compare
     same = result["uniform_saturation"]
-    assert (same["requests"], same["streamed"]) == (saturated["requests"], saturated["streamed"]) and same["audio_s"] > 0
+    assert (same["requests"], same["streamed"], same["audio_s"]) == (saturated["requests"], saturated["streamed"], saturated["audio_s"])
+    lengths = [j.max_seconds for j, _ in workload(5, np.random.default_rng(0), result["codec_frame_rate"], guides)]
+    assert saturated["audio_s"] == pytest.approx(sum(lengths), abs=0.05 * 5)
     assert result["varied_vs_uniform"] == pytest.approx(saturated["audio_s_per_s"] / same["audio_s_per_s"], abs=1e-3)
     assert result["graph_captures_timed"] == 0  # the CPU has no per-step graphs
 

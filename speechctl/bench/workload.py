@@ -59,6 +59,15 @@ def uniform(jobs: list[tuple[TtsJob, bool]]) -> list[tuple[TtsJob, bool]]:
             for job, stream in jobs]
 
 
+def fixed_length(speech, job: TtsJob):
+    """The job's engine request, its audio exactly ``max_seconds`` long: random weights would end
+    anywhere, and other sampling elsewhere, so rounds that differ in settings alone (the uniform
+    round) would otherwise do different work. One request, its text uncut: the bench's texts are
+    prompts of the lengths it names, not speech to split."""
+    request = speech.request(job, None)
+    return replace(request, min_frames=request.max_frames)
+
+
 def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = FIRST_CHUNK) -> tuple[dict, dict]:
     """Submit each job at its arrival time (seconds from now) and step the engine until all are
     done; per job: arrival, first audio, last audio (times from the start), audio seconds; and
@@ -75,7 +84,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
         while pending and pending[0][0] <= now:
             _, i = pending.pop(0)
             job, stream = jobs[i]
-            streamer.submit(job, stream=stream)
+            streamer.submit_request(job.id, fixed_length(speech, job), stream=stream)
         if not streamer.busy():
             time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
             continue
