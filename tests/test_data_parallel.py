@@ -153,6 +153,7 @@ def test_vllm_refuses_offline_data_parallelism_for_dense_models(tiny_checkpoint,
     """Why a replica runs vLLM at DP=1 (both 0.26 and 0.32 have these checks)."""
     from vllm.engine.arg_utils import EngineArgs
 
+    from speechctl.engine import vllm_compat
     from speechctl.engine.engine import EngineConfig
     from speechctl.models import register
 
@@ -162,13 +163,11 @@ def test_vllm_refuses_offline_data_parallelism_for_dense_models(tiny_checkpoint,
         EngineArgs(**args, data_parallel_size=2, data_parallel_rank=1).create_engine_config()
     for key, value in dict(VLLM_DP_SIZE="2", VLLM_DP_RANK="1", VLLM_DP_MASTER_IP="127.0.0.1", VLLM_DP_MASTER_PORT="29555").items():
         monkeypatch.setenv(key, value)
-    import vllm.envs as envs
-
-    getattr(envs.__getattr__, "cache_clear", lambda: None)()
+    vllm_compat.reread_environment()
     with pytest.raises(Exception, match="Offline data parallel mode is not supported/useful for dense models"):
         EngineArgs(**args).create_engine_config()
     monkeypatch.undo()
-    getattr(envs.__getattr__, "cache_clear", lambda: None)()
+    vllm_compat.reread_environment()
 
 
 def test_an_engine_is_one_replica():

@@ -556,18 +556,15 @@ def test_grouped_mlp_tiles_are_set_and_found_where_vllm_reads_them(tmp_path, mon
 
     tuned = {"1": tiles, "64": {**tiles, "BLOCK_SIZE_M": 64}}
     (tmp_path / vllm_compat.grouped_mlp_config_file(2, 64)).write_text(json.dumps(tuned))
-    import vllm.envs as envs
-
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
-    envs_cache_clear = getattr(envs.__getattr__, "cache_clear", lambda: None)  # (an engine started earlier froze vLLM's reads)
-    envs_cache_clear()
+    vllm_compat.reread_environment()  # (an engine started earlier in the suite froze vLLM's reads)
     moe.get_moe_configs.cache_clear()
     try:
         assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 2) == tiles  # the nearest size's
         assert moe.try_get_optimal_moe_config(w13_shape, w2_shape, 1, None, 50)["BLOCK_SIZE_M"] == 64
     finally:
         monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER")
-        envs_cache_clear()
+        vllm_compat.reread_environment()
         moe.get_moe_configs.cache_clear()
 
 

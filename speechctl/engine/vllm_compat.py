@@ -112,8 +112,12 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
         if groups is None:
             raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(os.sched_getaffinity(0))} available")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
-    # An engine built earlier in this process may have frozen vLLM's view of the environment
-    # (vllm.envs caches its reads once enable_envs_cache() ran): make it read again.
+    reread_environment()
+
+
+def reread_environment() -> None:
+    """Make vLLM read the environment again: an engine built earlier in this process may have
+    frozen its view of it (``vllm.envs`` caches its reads once ``enable_envs_cache()`` ran)."""
     import vllm.envs as envs
 
     getattr(envs.__getattr__, "cache_clear", lambda: None)()
