@@ -200,25 +200,31 @@ def main(argv=None) -> dict:
                 record["rows"].append(row)
                 print(json.dumps(row), flush=True)
                 if name == "fused_audio" and args.tune:
-                    # the time left shared among the sizes still to tune
-                    left = len(args.tokens) - args.tokens.index(M)
-                    share = time.monotonic() + (deadline - time.monotonic()) / left
-                    from speechctl.engine import vllm_compat
-
-                    default = vllm_compat.grouped_mlp_default_config(M, 2, I, H)
-                    candidates = tile_candidates(M, default)
-                    tiles, best, tried = tune(call, x, candidates, share, args.iters, args.repeats)
-                    if tiles is not None:
-                        tuned[M] = tiles
-                        row = {"variant": "fused_audio_tuned", "tokens": M, "us_per_call": round(best, 2),
-                               "vs_one_mlp": round(best / floor, 3), "tiles": tiles, "tiles_tried": tried,
-                               "tiles_candidates": len(candidates), "default_tiles": default}
+                    left = len(args.tokens) - args.tokens.index(M)  # the time left shared among the sizes still to tune
+                    row = tuned_row(call, x, floor, args, time.monotonic() + (deadline - time.monotonic()) / left)
+                    if row is not None:
+                        tuned[M] = row["tiles"]
                         record["rows"].append(row)
                         print(json.dumps(row), flush=True)
     if tuned:
         record["tuned_config_file"] = write_tuned(tuned, args)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     return record
+
+
+def tuned_row(call, x, floor: float, args, deadline: float) -> dict | None:
+    """``fused_audio`` at ``x``'s token count with the fastest tiles found before ``deadline``,
+    searched from vLLM's own choice outwards: its row (None: no tile ran in time)."""
+    from speechctl.engine import vllm_compat
+
+    M = x.shape[0]
+    default = vllm_compat.grouped_mlp_default_config(M, 2, args.intermediate, args.hidden)
+    candidates = tile_candidates(M, default)
+    tiles, best, tried = tune(call, x, candidates, deadline, args.iters, args.repeats)
+    if tiles is None:
+        return None
+    return {"variant": "fused_audio_tuned", "tokens": M, "us_per_call": round(best, 2), "vs_one_mlp": round(best / floor, 3),
+            "tiles": tiles, "tiles_tried": tried, "tiles_candidates": len(candidates), "default_tiles": default}
 
 
 def write_tuned(tuned: dict, args) -> str:

@@ -404,6 +404,11 @@ def test_dualffn_tuner_keeps_the_fastest_tiles_and_passes_over_those_that_fail(m
         default = vllm_compat.grouped_mlp_default_config(tokens, 2, 8192, 3072)
         ordered = dualffn_kernels.tile_candidates(tokens, default)
         assert ordered[0] == default and sorted(map(str, ordered)) == sorted(map(str, dualffn_kernels.tile_candidates(tokens)))
+    import torch  # the row the bench adds: the fastest tiles beside vLLM's own, against one MLP's time
+
+    row = dualffn_kernels.tuned_row(None, torch.zeros(20, 4), 10.5, dualffn_kernels.parse(["--out", "k.json"]), float("inf"))
+    assert (row["variant"], row["tokens"], row["us_per_call"], row["vs_one_mlp"]) == ("fused_audio_tuned", 20, 21.0, 2.0)
+    assert row["default_tiles"] == vllm_compat.grouped_mlp_default_config(20, 2, 8192, 3072) and row["tiles"]["BLOCK_SIZE_M"] == 32
 
 
 def test_dualffn_kernels_bench_times_the_mlp_variants_it_can_run(tmp_path):
