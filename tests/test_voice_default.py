@@ -155,7 +155,7 @@ def test_make_install_ships_the_newest_kept_voice_once(package_voice, voice_part
     into the package, recorded; a no-op while that merge is the newest; again after a new keep;
     without git history a note and the random default, the shipped voice untouched."""
     from recipes.voice import export as export_module, keep
-    from recipes.voice.export import ship_kept
+    from recipes.voice.keep import ship_kept
 
     lm, codec_model, _ = voice_parts
     merges, restored, lines = ["a" * 40], [], []

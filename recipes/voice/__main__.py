@@ -201,7 +201,7 @@ def main(argv=None) -> None:
         dest = ship(Path(args.model))
         print(f"{dest}: {sizes(dest)['total_bytes'] / 1e6:.1f} MB")
     elif args.command == "ship-kept":
-        from recipes.voice.export import ship_kept
+        from recipes.voice.keep import ship_kept
 
         ship_kept()
     elif args.command == "plot":

@@ -36,7 +36,7 @@ MAX_PIECE_CHARS = 80
 
 def export_settings(sampling: dict | None = None, max_piece_chars: int | None = None) -> dict:
     """What an export chose beyond the checkpoints (None: the voice's defaults), as its
-    speechctl.json records them; ``ship_kept`` ships again when today's defaults differ."""
+    speechctl.json records them; ``keep.ship_kept`` ships again when today's defaults differ."""
     return {"sampling": sampling or SAMPLING, "max_piece_chars": max_piece_chars or MAX_PIECE_CHARS}
 
 
@@ -46,7 +46,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     LM was trained on (``codec.save_codec_model``); ``sampling``: the generation_config fields of
     the voice's default sampling (default ``SAMPLING``); ``max_piece_chars``: the longest piece of
     text the voice speaks in one request (default ``MAX_PIECE_CHARS``); ``kept``: the keep merge
-    its packs came from (``ship_kept``), recorded. Writes ``out`` (replaced)."""
+    its packs came from (``keep.ship_kept``), recorded. Writes ``out`` (replaced)."""
     import transformers
     from safetensors.torch import save_file
 
@@ -119,42 +119,6 @@ def ship(model_dir: Path, dest: Path | None = None) -> Path:
     tmp.rename(dest)
     shutil.rmtree(old, ignore_errors=True)
     return dest
-
-
-def ship_kept(repo: Path = Path("."), dest: Path | None = None, log=print) -> Path | None:
-    """``make install``'s step: the newest LM and codec kept in ``repo``'s history (``keep``),
-    exported with the voice's defaults and shipped as speechctl's default voice, unless the one
-    shipped came from the same keep merge with the same defaults already. The weights travel in
-    the history, out of the tree (a device call carries the tree; 49 MB more would not fit beside
-    vLLM's bundle). None, with a note, where there is nothing to ship: no git history (an
-    unpacked archive) or no keep."""
-    import tempfile
-
-    from recipes.voice import keep
-    from recipes.voice.stages import run_export
-    from speechctl.voices import provenance, voice_dir
-
-    dest = Path(dest or voice_dir())
-    try:
-        merges = keep.keep_merges(Path(repo))
-    except (keep.KeepError, OSError) as e:
-        log(f"note: speechctl's voice is built from this repository's history, and there is none here ({e}); "
-            "the default model is the random `tiny`")
-        return None
-    if not merges:
-        log("note: no voice is kept in this history; the default model is the random `tiny`")
-        return None
-    shipped = provenance(dest)
-    if shipped.get("kept") == merges[0] and shipped.get("export") == export_settings():
-        return dest  # current: the newest keep, exported with today's defaults
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        keep.restore(root, Path(repo))
-        model = run_export(root / "unpacked" / "lm", root / "unpacked" / "codec-model", root / "model", kept=merges[0],
-                           log=lambda line: None)
-        shipped = ship(model, dest)
-    log(f"speechctl's voice (keep {merges[0][:10]}): {shipped}, {sizes(shipped)['total_bytes'] / 1e6:.1f} MB")
-    return shipped
 
 
 def sizes(path: Path) -> dict:

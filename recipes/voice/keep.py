@@ -8,6 +8,8 @@ from HEAD without putting them in its tree: a parentless commit holds them under
 as its second parent. A checkout, and so every device call, carries none of it; a clone fetches
 it. ``restore`` finds the newest kept pack of each name in HEAD's history and files them under
 ``.voice/`` as ``collect`` files a device call's (unpacked, and a codec's shipped form made).
+``ship_kept`` (``make install``'s step) exports the newest kept LM and codec as speechctl's
+default voice.
 
 Only git's plumbing is used, so the index, the working tree and any uncommitted change stay as
 they are.
@@ -109,3 +111,37 @@ def restore(root: Path = Path(".voice"), repo: Path = Path("."), commit: str | N
             for path in paths:
                 (Path(tmp) / Path(path).name).write_bytes(_git(repo, "cat-file", "blob", f"{side}:{path}"))
         return collect(Path(tmp), Path(root))
+
+
+def ship_kept(repo: Path = Path("."), dest: Path | None = None, log=print) -> Path | None:
+    """``make install``'s step: the newest LM and codec kept in ``repo``'s history (``keep``),
+    exported with the voice's defaults and shipped as speechctl's default voice, unless the one
+    shipped came from the same keep merge with the same defaults already. The weights travel in
+    the history, out of the tree (a device call carries the tree; 49 MB more would not fit beside
+    vLLM's bundle). None, with a note, where there is nothing to ship: no git history (an
+    unpacked archive) or no keep."""
+    from recipes.voice import export
+    from recipes.voice.stages import run_export
+    from speechctl.voices import provenance, voice_dir
+
+    dest = Path(dest or voice_dir())
+    try:
+        merges = keep_merges(Path(repo))
+    except (KeepError, OSError) as e:
+        log(f"note: speechctl's voice is built from this repository's history, and there is none here ({e}); "
+            "the default model is the random `tiny`")
+        return None
+    if not merges:
+        log("note: no voice is kept in this history; the default model is the random `tiny`")
+        return None
+    shipped = provenance(dest)
+    if shipped.get("kept") == merges[0] and shipped.get("export") == export.export_settings():
+        return dest  # current: the newest keep, exported with today's defaults
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        restore(root, Path(repo))
+        model = run_export(root / "unpacked" / "lm", root / "unpacked" / "codec-model", root / "model", kept=merges[0],
+                           log=lambda line: None)
+        shipped = export.ship(model, dest)
+    log(f"speechctl's voice (keep {merges[0][:10]}): {shipped}, {export.sizes(shipped)['total_bytes'] / 1e6:.1f} MB")
+    return shipped
