@@ -461,6 +461,25 @@ def graphed(codec_path, monkeypatch):
     return codec
 
 
+def test_whole_items_meet_only_graphs_recorded_ahead_with_padded(dac_path, monkeypatch):
+    """``record_decode_graphs(padded=True)`` (the streamer's, for its one-shot requests' whole
+    audio) records every length a call is padded to: items of any length, alone or batched, then
+    decode without a graph recorded mid-run (on CUDA a capture synchronizes the device and
+    empties the caching allocator while the engine runs). Without it, such items record theirs."""
+    lengths = ([1], [5, 9], [13, 30, 2], [70], [7, 64, 3, 100])
+
+    def recorded_while_decoding(padded: bool) -> int:
+        fast = graphed(dac_path, monkeypatch)
+        assert fast.record_decode_graphs([], most_rows=1 << 20, padded=padded) > 0
+        before = fast.decode_graphs_recorded
+        for seed, batch in enumerate(lengths):
+            fast.decode(random_codes(batch, seed=seed))
+        return fast.decode_graphs_recorded - before
+
+    assert recorded_while_decoding(padded=True) == 0
+    assert recorded_while_decoding(padded=False) > 0
+
+
 def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
     """Through the graphs (stood in for on the CPU), long items in fixed windows and batches
     padded to their bucket decode as the eager codec does; the graphs are a few shapes, kept

@@ -270,13 +270,21 @@ class Codec(ABC):
         self._graphs = self.graph_window = self._graph_out = None
         self._graph_lengths = []
 
-    def record_decode_graphs(self, frame_counts=(), most_rows: int = 64) -> int:
+    def record_decode_graphs(self, frame_counts=(), most_rows: int = 64, padded: bool = False) -> int:
         """Record now the decode graphs of the batch-size buckets up to ``most_rows`` for calls of
         each of ``frame_counts`` frames (which calls are then not padded past) and of a long
-        item's window, instead of at their first use (larger buckets: there); returns how many
-        were new (none without graphs).
+        item's window, instead of at their first use (larger buckets: there); with ``padded``,
+        also of every call a whole item's decode makes (``run_exact_batched``): the lengths calls
+        are padded to and the natural-end windows (``left + right`` frames) in those buckets, and
+        items shorter than that window, each its own length, one row (they run in groups of
+        equal length: mostly alone); returns how many were new (none without graphs).
         The streamer calls it with its windows' lengths (``StreamingDecoder.window_lengths``): a
-        first chunk then never waits for one, nor for a longer decode than its own."""
+        first chunk then never waits for one, nor for a longer decode than its own; and with
+        ``padded``, for its one-shot requests' whole audio. A graph recorded mid-run is an eager
+        decode and a capture on the codec's thread, and ``torch.cuda.graph`` synchronizes the
+        device and empties the caching allocator before each capture, while the engine's steps
+        run (the Higgs 3B workload bench's first timed round met 16, and its engine steps took
+        1.5x as long as the same round's after it: fortieth session)."""
         graphs = self._graphs
         if graphs is None:
             return 0
@@ -284,10 +292,17 @@ class Codec(ABC):
         longest = self._graph_lengths[-1]
         lengths = {n for n in frame_counts if n <= longest}
         self._graph_lengths = sorted(set(self._graph_lengths) | {n for n in lengths if self._paddable(n)})
+        rows = dict.fromkeys(lengths | {self.graph_window or longest}, most_rows)  # frames -> most rows
+        if padded:
+            rows.update(dict.fromkeys(self._graph_lengths, most_rows))
+            end_window = sum(self.decode_context) if bounded(self.decode_context) and self.decode_context[1] else 0
+            rows.update({n: rows.get(n, 1) for n in range(1, min(end_window, longest + 1))})
+            if 0 < end_window <= longest:
+                rows[end_window] = most_rows
         with self._on_own_stream(), torch.no_grad():
-            for frames in sorted(lengths | {self.graph_window or longest}):
+            for frames in sorted(rows):
                 for size in graphs.sizes:
-                    if size <= most_rows and size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
+                    if size <= rows[frames] and size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
                         if not self._room_for_graph(size, frames):
                             break  # (larger buckets need more: they decode eagerly)
                         codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)

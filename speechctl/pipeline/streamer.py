@@ -88,7 +88,8 @@ class SpeechStreamer:
         self.speech = speech
         self.engine = speech.engine
         self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
-        speech.codec.record_decode_graphs(self.decoder.window_lengths())  # (CUDA) before a first chunk waits for one
+        # (CUDA) before a first chunk waits for one, or a one-shot request's audio for its length's
+        speech.codec.record_decode_graphs(self.decoder.window_lengths(), padded=True)
         self._decodes = DecodeQueue(speech.codec, thread=decode_thread)
         self._in_flight: deque[_Decoding] = deque()
         self._live: dict[str, _Live] = {}
