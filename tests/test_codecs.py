@@ -480,6 +480,44 @@ def test_whole_items_meet_only_graphs_recorded_ahead_with_padded(dac_path, monke
     assert recorded_while_decoding(padded=False) > 0
 
 
+def test_a_capture_failing_while_recording_ahead_frees_the_graphs_before_the_eager_decode(codec, dac_path, monkeypatch):
+    """Out of memory in one capture of ``record_decode_graphs`` (the streamer's start): the codec
+    decodes eagerly from then on, and its graphs (on CUDA: their memory pool) are gone before that
+    eager decode runs, which needs the memory; then it decodes as the eager codec does."""
+    import weakref
+
+    from cuda_stand_in import CpuGraphs
+
+    fast = graphed(dac_path, monkeypatch)
+    graphs = weakref.ref(fast._graphs)
+    captures = []
+
+    def entry(self, fn, static):
+        captures.append(static[0].shape)
+        if len(captures) == 3:
+            raise RuntimeError("CUDA out of memory (stand-in)")
+        return _Entry(fn, static, None)
+
+    from speechctl.graphs import _Entry
+
+    monkeypatch.setattr(CpuGraphs, "_entry", entry)
+    eager_with_graphs_alive = []
+    decode_batch = fast._decode_batch
+
+    def watched(codes):
+        if fast._graphs is None:
+            eager_with_graphs_alive.append(graphs() is not None)
+        return decode_batch(codes)
+
+    monkeypatch.setattr(fast, "_decode_batch", watched)
+    assert fast.record_decode_graphs([], most_rows=4, padded=True) == 0
+    assert len(captures) == 3 and fast.decode_graphs is None
+    assert eager_with_graphs_alive == [False]
+    codes = random_codes([5, 40, 90], seed=3)
+    for waveform, reference in zip(fast.decode(codes), codec.decode(codes)):
+        np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
+
+
 def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
     """Through the graphs (stood in for on the CPU), long items in fixed windows and batches
     padded to their bucket decode as the eager codec does; the graphs are a few shapes, kept

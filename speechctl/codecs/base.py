@@ -285,10 +285,9 @@ class Codec(ABC):
         device and empties the caching allocator before each capture, while the engine's steps
         run (the Higgs 3B workload bench's first timed round met 16, and its engine steps took
         1.5x as long as the same round's after it: fortieth session)."""
-        graphs = self._graphs
-        if graphs is None:
+        if self._graphs is None:
             return 0
-        before, started, reserved = graphs.captured, time.perf_counter(), self._reserved_bytes()
+        before, started, reserved = self._graphs.captured, time.perf_counter(), self._reserved_bytes()
         longest = self._graph_lengths[-1]
         lengths = {n for n in frame_counts if n <= longest}
         self._graph_lengths = sorted(set(self._graph_lengths) | {n for n in lengths if self._paddable(n)})
@@ -299,20 +298,25 @@ class Codec(ABC):
             rows.update({n: rows.get(n, 1) for n in range(1, min(end_window, longest + 1))})
             if 0 < end_window <= longest:
                 rows[end_window] = most_rows
+        # self._graphs is read anew for every shape, never held here: where a capture fails the
+        # decode falls back to eager and frees the graphs and their pool first, and a reference
+        # here kept them (and their memory) through that eager decode (H100, Higgs 3B beside an
+        # engine at its default share: the fallback ran out of memory, fortieth session).
+        sizes = self._graphs.sizes
         with self._on_own_stream(), torch.no_grad():
             for frames in sorted(rows):
-                for size in graphs.sizes:
-                    if size <= rows[frames] and size * frames <= self.max_batch_frames and not graphs.recorded(size, frames):
-                        if not self._room_for_graph(size, frames):
-                            break  # (larger buckets need more: they decode eagerly)
-                        codes = torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device)
-                        self._decode_on_device(codes)
-                        if self._graphs is None:  # it could not be recorded: eager from now on
-                            return 0
+                for size in sizes:
+                    if size > rows[frames] or size * frames > self.max_batch_frames or self._graphs.recorded(size, frames):
+                        continue
+                    if not self._room_for_graph(size, frames):
+                        break  # (larger buckets need more: they decode eagerly)
+                    self._decode_on_device(torch.zeros((size, self.num_codebooks, frames), dtype=torch.int64, device=self.device))
+                    if self._graphs is None:  # it could not be recorded: eager from now on
+                        return 0
+        recorded = self._graphs.captured - before
         logger.info("speechctl: %d decode graphs of %s recorded in %.1f s (the device's reserved memory %+.0f MiB)",
-                    graphs.captured - before, type(self).__name__, time.perf_counter() - started,
-                    (self._reserved_bytes() - reserved) / 2**20)
-        return graphs.captured - before
+                    recorded, type(self).__name__, time.perf_counter() - started, (self._reserved_bytes() - reserved) / 2**20)
+        return recorded
 
     def _room_for_graph(self, size: int, frames: int) -> bool:
         """Whether the device has the memory to record the graph of ``size`` rows x ``frames``
@@ -374,8 +378,10 @@ class Codec(ABC):
         try:
             result = graphs.run(decode_into_buffer, frames, rows, (codes,), (0,))
         except RuntimeError as error:  # a decode that cannot be captured (it syncs the host ...)
+            # (the message, not the error: a log handler that keeps records, as pytest's does,
+            # would keep its traceback, and the graphs with it)
             logger.warning("speechctl: %s decodes eagerly: its decode could not be recorded as a CUDA graph (%s)",
-                           type(self).__name__, error)
+                           type(self).__name__, str(error))
             failed = True
         if failed:
             # Out of the handler (its traceback holds the failed capture's tensors): the graphs and
