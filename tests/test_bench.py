@@ -188,6 +188,7 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     (eager,) = result["eager_codec"]
     assert (eager["load"], eager["requests"], eager["audio_s"]) == (0.8, 5, result["saturation"]["audio_s"])
     assert result["codec_graphs_recorded_timed"] == 0  # every shape recorded before the timed rounds
+    assert result["saturation"]["codec_graphs_recorded"] == result["uniform_saturation"]["codec_graphs_recorded"] == 0
     (row,) = result["results"]
     assert row["requests"] == 5 and row["audio_s"] == result["saturation"]["audio_s"] > 0
     assert row["ttfa_p50_ms"] <= row["e2e_p50_ms"] and row["ttfa_p95_ms"] <= row["e2e_p95_ms"]
