@@ -15,8 +15,12 @@ warm-up at the same batch size (CUDA graphs, kernel autotuning). Decoding settin
 * speechctl: temperature 0 only, no context, no timestamps, OpenAI's no-speech check off
   (OpenAI's beam search: length normalisation, patience 1);
   (speechctl's defaults otherwise: on a GPU its log-mel features are computed there);
-* speechctl-cpu-mel (GPU only, when asked for): the same, its log-mel features computed on the CPU
-  (``WhisperConfig.feature_device="cpu"``: the feature extractor's ``device``); both speechctl
+  (its encoder runs where a window is rendered, off the step loop, and vLLM carries a key);
+* speechctl-step-encoder (when asked for): the same with vLLM's own path for the encoder input
+  (``WhisperConfig.encoder_at_render=False``: vLLM batches, copies and encodes the log-mel
+  features in its admitting step), the same tokens;
+* speechctl-cpu-mel (GPU only, when asked for): the same as speechctl, its log-mel features computed on the CPU
+  (``WhisperConfig.feature_device="cpu"``: the feature extractor's ``device``); the speechctl
   systems run each row at every ``--admit-share`` (grouped admission, ``admit_share`` in the row);
 * transformers: ``generate(num_beams=1|5, max_new_tokens=224)``, the checkpoint's generation
   config (its beam search: length_penalty 1.0 over the generated length, early_stopping False);
@@ -47,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples" / "asr"
 RATE = 16000
 MODES = {"greedy": 1, "beam5": 5}
-SYSTEMS = ("speechctl", "speechctl-cpu-mel", "transformers", "ctranslate2")
+SYSTEMS = ("speechctl", "speechctl-step-encoder", "speechctl-cpu-mel", "transformers", "ctranslate2")
 
 
 def parse(argv):
@@ -132,6 +136,7 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
 class Speechctl:
     name = "speechctl"
     feature_device = None  # speechctl's default: the engine's device
+    encoder_at_render = True  # speechctl's default
 
     def __init__(self, args, on_gpu):
         from speechctl.asr import WhisperAsr, WhisperConfig
@@ -140,7 +145,8 @@ class Speechctl:
             raise RuntimeError("needs a GPU (on the CPU it is the speechctl row)")
         lanes = max(MODES[m] for m in args.modes)
         self.asr = WhisperAsr(args.model, WhisperConfig(max_num_seqs=max(args.batch) * lanes, dtype=args.dtype,
-                                                        feature_device=self.feature_device))
+                                                        feature_device=self.feature_device,
+                                                        encoder_at_render=self.encoder_at_render))
         self.max_tokens = args.max_tokens
 
     def run(self, audio, mode, batch, admit_share=None):
@@ -165,7 +171,7 @@ class Speechctl:
         counters = self.asr.counters()
         return {k: counters[k] for k in ("steps", "step_s", "admitting_steps", "admitting_step_s", "restarts", "apply_s",
                                          "beam_steps", "beam_s", "kv_copies", "broken_groups", "render_wait_s",
-                                         "rendered_ahead", "rendered_inline", "render_calls")}
+                                         "rendered_ahead", "rendered_inline", "render_calls", "encoded_windows")}
 
     def close(self):
         self.asr.close()
@@ -177,6 +183,14 @@ class SpeechctlCpuMel(Speechctl):
 
     name = "speechctl-cpu-mel"
     feature_device = "cpu"
+
+
+class SpeechctlStepEncoder(Speechctl):
+    """speechctl with the log-mel features handed to vLLM, which batches, copies and encodes them
+    in its admitting step (``WhisperConfig.encoder_at_render=False``), as before the default."""
+
+    name = "speechctl-step-encoder"
+    encoder_at_render = False
 
 
 class Transformers:
@@ -334,7 +348,7 @@ def main(argv=None) -> dict:
               "audio_s": round(sum(len(a) for a in audio) / RATE, 2), "environment": environment(on_gpu), "results": [],
               "notes": __doc__.split("\n\n", 2)[2].strip()}
     out = Path(args.out)
-    classes = {cls.name: cls for cls in (Speechctl, SpeechctlCpuMel, Transformers, CTranslate2)}
+    classes = {cls.name: cls for cls in (Speechctl, SpeechctlStepEncoder, SpeechctlCpuMel, Transformers, CTranslate2)}
     for cls in (classes[name] for name in args.systems):  # in the order asked for (a timeout keeps the first)
         try:
             t = time.perf_counter()

@@ -20,10 +20,10 @@ class Recorder:
     def __call__(self, windows):
         self.release.wait(5)
         self.threads.add(threading.get_ident())
-        self.calls.append([(audio, tuple(prompt)) for audio, prompt in windows])
-        if any(audio == "bad" for audio, _ in windows):
+        self.calls.append([(audio, tuple(prompt)) for _, audio, prompt in windows])
+        if any(audio == "bad" for _, audio, _ in windows):
             raise ValueError("bad audio")
-        return [f"{audio}:{prompt}" for audio, prompt in windows]
+        return [f"{key}={audio}:{prompt}" for key, audio, prompt in windows]  # (each window's own key reaches the renderer)
 
 
 def test_windows_asked_for_ahead_are_rendered_once_in_chunks_on_the_worker():
@@ -35,10 +35,10 @@ def test_windows_asked_for_ahead_are_rendered_once_in_chunks_on_the_worker():
         assert len(pre._pending) == 3  # the depth: the fourth waits for a later call
         pre.ahead([(("s", 0), lambda: "a0", [1])])  # already pending: not again
         render.release.set()
-        assert pre.take(("s", 0), lambda: "a0", [1]) == "a0:[1]"
-        assert pre.take(("s", 1), lambda: "a1", [1]) == "a1:[1]"
-        assert pre.take(("s", 2), lambda: "a2", [1]) == "a2:[1]"
-        assert pre.take(("s", 3), lambda: "a3", [1]) == "a3:[1]"  # not asked for in time: rendered at once
+        assert pre.take(("s", 0), lambda: "a0", [1]) == "('s', 0)=a0:[1]"
+        assert pre.take(("s", 1), lambda: "a1", [1]) == "('s', 1)=a1:[1]"
+        assert pre.take(("s", 2), lambda: "a2", [1]) == "('s', 2)=a2:[1]"
+        assert pre.take(("s", 3), lambda: "a3", [1]) == "('s', 3)=a3:[1]"  # not asked for in time: rendered at once
         assert (pre.rendered_ahead, pre.rendered_inline, pre.calls) == (3, 1, 3)
         # chunks of two in the line's order, then the one rendered alone
         assert render.calls == [[("a0", (1,)), ("a1", (1,))], [("a2", (1,))], [("a3", (1,))]]
@@ -58,7 +58,7 @@ def test_a_render_error_reaches_its_window_alone_and_forgotten_windows_are_dropp
         pre.ahead([(("x", 0), lambda: "bad", []), (("y", 0), lambda: "y", []), (("u", 0), unreadable, [])])
         with pytest.raises(ValueError, match="bad audio"):
             pre.take(("x", 0), lambda: "bad", [])
-        assert pre.take(("y", 0), lambda: "y", []) == "y:[]"  # its chunk-mate's error is not its own
+        assert pre.take(("y", 0), lambda: "y", []) == "('y', 0)=y:[]"  # its chunk-mate's error is not its own
         with pytest.raises(OSError, match="unreadable"):
             pre.take(("u", 0), unreadable, [])
         render.release.clear()

@@ -51,5 +51,5 @@ def test_the_codec_worker_thread_and_asr_rendering_shorten_it(monkeypatch):
     DecodeQueue(Cpu(), thread=True).close()
     assert sys.getswitchinterval() == pytest.approx(0.0005)
     sys.setswitchinterval(0.005)
-    Prerender(lambda audio, prompt: None, depth=2).close()
+    Prerender(lambda windows: [], depth=2).close()
     assert sys.getswitchinterval() == pytest.approx(0.0005)

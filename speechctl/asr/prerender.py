@@ -21,9 +21,9 @@ from concurrent.futures import Future
 
 from speechctl.threads import worker_pool
 
-# render_many: [(audio, decoder prompt), ...] -> one rendered window (or the exception raised
-# for it) per input, in order
-RenderMany = Callable[[Sequence[tuple[object, list[int]]]], list]
+# render_many: [(key, audio, decoder prompt), ...] -> one rendered window (or the exception
+# raised for it) per input, in order
+RenderMany = Callable[[Sequence[tuple[Hashable, object, list[int]]]], list]
 
 
 class Prerender:
@@ -57,7 +57,7 @@ class Prerender:
                 keys.add(key)
         for start in range(0, len(new), self.chunk):
             part = new[start:start + self.chunk]
-            future = self._pool.submit(self._run, [(audio, prompt) for _, audio, prompt in part])
+            future = self._pool.submit(self._run, part)
             for index, (key, _, _) in enumerate(part):
                 self._pending[key] = (future, index)
 
@@ -68,7 +68,7 @@ class Prerender:
         future, index = self._pending.pop(key, (None, 0))
         if future is None or future.cancelled():
             self.rendered_inline += 1
-            future, index = self._pool.submit(self._run, [(audio, prompt)]), 0
+            future, index = self._pool.submit(self._run, [(key, audio, prompt)]), 0
         else:
             self.rendered_ahead += 1
         try:
@@ -79,14 +79,14 @@ class Prerender:
             raise result
         return result
 
-    def _run(self, part: list[tuple[Callable[[], object], list[int]]]) -> list:
+    def _run(self, part: list[tuple[Hashable, Callable[[], object], list[int]]]) -> list:
         """One chunk on the worker: each window's rendering or the exception raised for it (a
         window whose audio cannot be read, or that the renderer rejects, fails alone)."""
         self.calls += 1
         inputs, results = [], []
-        for audio, prompt in part:
+        for key, audio, prompt in part:
             try:
-                inputs.append((audio(), prompt))
+                inputs.append((key, audio(), prompt))
                 results.append(None)
             except Exception as e:  # noqa: BLE001 - handed to the window's taker
                 results.append(e)

@@ -12,17 +12,19 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
 :class:`speechctl.asr.decoder.WhisperDecoding`, a vLLM logits processor: the language/task/
 <|notimestamps|> tokens are forced, the rest follows Whisper's rules and the group's search.
 
-* **Encoder once per window.** The lanes of a window share one multimodal input; vLLM would
-  batch, copy and encode it once per lane (and again for every fallback attempt), so the lanes
-  of a step hand it to the encoder once (``vllm_compat.encode_shared_inputs_once``) and an
-  :class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's encoder
-  (``vllm_compat.share_mm_encoder``) gives identical inputs one encoder pass across steps.
-* **Features once per window, ahead of time.** vLLM computes a request's log-mel features on the
-  host inside ``add_request``, between steps, and never caches them for encoder-decoder models.
-  A window is rendered once for all its lanes, on a worker thread while the engine steps
-  (:class:`~speechctl.asr.prerender.Prerender`), a few windows of the line a call: transformers'
-  feature extractor gives their features (all at once on a GPU), and each is one vLLM rendering
-  with its features swapped in (``vllm_compat.rendered_like``), not a pass through vLLM's processor.
+* **Features and encoder once per window, ahead of time.** vLLM computes a request's log-mel
+  features on the host inside ``add_request``, between steps, never caches them for
+  encoder-decoder models, and batches, copies and encodes them once per lane in an admitting
+  step. A window is rendered once for all its lanes, on a worker thread while the engine steps
+  (:class:`~speechctl.asr.prerender.Prerender`), a few windows of the line a call:
+  transformers' feature extractor gives their features (all at once on a GPU), the model's
+  encoder encodes them there (``WhisperConfig.encoder_at_render``), and each window is one vLLM
+  rendering with a key to its encoder output in place of features
+  (``vllm_compat.rendered_like``), not a pass through vLLM's processor. The step's encoder call
+  looks the keys up (:class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's
+  encoder, ``vllm_compat.share_mm_encoder``); a fallback or a restart reuses the output. Without
+  ``encoder_at_render`` the lanes of a step hand their shared features to vLLM's encoder once
+  (``vllm_compat.encode_shared_inputs_once``) and identical inputs share one pass across steps.
 * **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
   lane that continues another lane's history gets that lane's self-attention KV blocks copied
   (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
@@ -34,10 +36,12 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -81,6 +85,10 @@ class WhisperConfig:
     # extractor's ``device``: "cpu", "cuda"); None: the engine's device. On the GPU the features of
     # a chunk of windows are one call there (H100, 2026-12-05: greedy at batch 64 455 audio-s/s
     # against 368 with them on the CPU, the same tokens; docs/asr.md)
+    # The encoder runs where a window is rendered (the render worker, off the step loop; a chunk
+    # of windows a call) and vLLM carries a key per window in place of its log-mel features;
+    # False: vLLM batches, copies and encodes the features in its admitting step (EncoderCache).
+    encoder_at_render: bool = True
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
     align_batch: int = 8  # windows per word-timestamp pass
@@ -201,11 +209,13 @@ class WhisperAsr:
         self.decoding.kv = vllm_compat.SelfAttentionKv(runner)
         vllm_compat.encode_shared_inputs_once(runner)  # a beam's lanes: their one input batched once a step
         self.encoder = vllm_compat.share_mm_encoder(runner, EncoderCache(capacity=2 * self.config.max_num_seqs))
+        self._encode = vllm_compat.mm_encoder(runner)  # for windows encoded where they are rendered
         self.eot = self.vocab.eot
         self.budgets = vllm_compat.scheduler_budgets(self._engine)
         self.max_group = min(self.config.max_group, self.budgets["encoder_tokens"] // self.encoder_positions, self.budgets["sequences"])
         self._free_slots = list(range(self.decoding.capacity))
         self._ids = itertools.count()
+        self._serials = itertools.count()  # inputs' numbers: they key their windows' encoder outputs
         self._keys = itertools.count()
         self._aligner = None
         self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
@@ -215,6 +225,11 @@ class WhisperAsr:
         self._template = None  # one window rendered by vLLM: every other window is rendered like it
         self._mm_ids = itertools.count()
         self._prerender = Prerender(self._render_many, depth=self.config.max_num_seqs)
+        # On the CPU the render worker's encoder passes wait for the engine's step (and the step
+        # for them): they would share its cores, gaining nothing, and torch's CPU kernels running
+        # beside the step made its tokens depend on timing (26 clips decoded twice, twice: 2 and 4
+        # differed; with the lock none, and the same tokens as with the encoder in the step).
+        self._cpu_compute = contextlib.nullcontext() if self.on_gpu else threading.Lock()
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
     def counters(self) -> dict:
@@ -224,7 +239,7 @@ class WhisperAsr:
         decoding = {f"decoding_{k}" if k in self.stats else k: v for k, v in self.decoding.stats.items()}  # its own steps
         return {**self.stats, **decoding, "render_wait_s": render.waited_s,
                 "rendered_ahead": render.rendered_ahead, "rendered_inline": render.rendered_inline,
-                "render_calls": render.calls}
+                "render_calls": render.calls, "encoded_windows": self.encoder.encoded}
 
     # -- one-shot -------------------------------------------------------------------------------
 
@@ -293,7 +308,8 @@ class WhisperAsr:
                     continue
                 self.peak_live = max(self.peak_live, len(live))
                 started = time.perf_counter()
-                outputs = self._engine.step()
+                with self._cpu_compute:
+                    outputs = self._engine.step()
                 elapsed = time.perf_counter() - started
                 self.stats["steps"] += 1
                 self.stats["step_s"] += elapsed
@@ -310,13 +326,14 @@ class WhisperAsr:
                 for state in finished:
                     inputs.remove(state)
                 if finished:
-                    alive = {id(s) for s in inputs}
+                    alive = {s.serial for s in inputs}
                     self._prerender.forget(lambda key: key[0] in alive)
                 yield from self._finish(finished, to_align)
                 if len(to_align) >= self.config.align_batch or (to_align and not live and not ready):
                     yield from self._flush_alignment(to_align)
         finally:  # the caller stopped early (or failed): leave nothing running in the engine
             self._prerender.clear()
+            self.encoder.clear_windows()
             if live:
                 self._engine.abort_request(list(live))
                 slots = {s for g, _ in live.values() for s in g.slots}
@@ -347,7 +364,7 @@ class WhisperAsr:
             options = resolve_options(job, self.config.default_options)
             self._check_options(options)
             windows = plan_windows(np.asarray(audio, dtype=np.float32), RATE, max_window)
-            state = InputState(job, windows, options, self.vocab, max(1, job.max_tokens))
+            state = InputState(job, windows, options, self.vocab, max(1, job.max_tokens), serial=next(self._serials))
         except ValueError as e:
             return failed(str(e))
         state.start_prompt(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
@@ -408,32 +425,49 @@ class WhisperAsr:
             "encoder_prompt": encoder_prompt, "decoder_prompt": {"prompt_token_ids": list(decoder_prompt)}})
 
     def _render_many(self, windows) -> list:
-        """Windows ``[(audio, decoder prompt), ...]`` as vLLM takes them (``Prerender``'s worker).
-        Their log-mel features come from transformers' feature extractor, the one call of vLLM's
-        Whisper processor that computes anything: on the CPU one window a call (a batched call
-        there ran slower a window), on ``feature_device`` all at once; each window is then the
-        template's rendering with its own features and prompt (``vllm_compat.rendered_like``),
+        """Windows ``[(key, audio, decoder prompt), ...]`` (``key``: ``_window_key``) as vLLM
+        takes them (``Prerender``'s worker). Their log-mel features come from transformers'
+        feature extractor, the one call of vLLM's Whisper processor that computes anything: on the
+        CPU one window a call (a batched call there ran slower a window), on ``feature_device``
+        all at once. With ``encoder_at_render`` the chunk's windows not yet encoded are encoded
+        here in one call and each window carries its key instead of features (a fallback or a
+        restart of a window computes nothing again). Each window is then the template's
+        rendering with its own features (or key) and prompt (``vllm_compat.rendered_like``),
         which skips the processor's per-window overhead (its hash of the audio, tokenizer call)."""
         from transformers import WhisperFeatureExtractor
 
         from speechctl.asr.checkpoint import engine_dir
+        from speechctl.asr.encoder_cache import EncoderCache
         from speechctl.engine import vllm_compat
 
         if self._features is None:
             self._features = WhisperFeatureExtractor.from_pretrained(str(engine_dir(self.model_dir)))
             self._template = self._render(np.zeros(RATE, dtype=np.float32), [self.vocab.sot])
-        audios = [np.asarray(audio, dtype=np.float32) for audio, _ in windows]
-        device = self.feature_device
-        if device == "cpu":
-            features = [self._features(a, sampling_rate=RATE, return_tensors="pt")["input_features"][0] for a in audios]
+        at_render = self.config.encoder_at_render
+        keys = [key[:2] for key, _, _ in windows]  # (input serial, window)
+        todo = [i for i, k in enumerate(keys) if not (at_render and self.encoder.has(k))]
+        features = dict(zip(todo, self._log_mel([windows[i][1] for i in todo])))
+        if at_render:
+            with self._cpu_compute:
+                self.encoder.encode_windows([keys[i] for i in todo], [features[i] for i in todo], self._encode)
+            data = [EncoderCache.key_tensor(k) for k in keys]
         else:
-            features = list(self._features(audios, sampling_rate=RATE, return_tensors="pt", device=device)["input_features"])
-        return [vllm_compat.rendered_like(self._template, prompt, f, f"speechctl-asr-{next(self._mm_ids)}")
-                for f, (_, prompt) in zip(features, windows)]
+            data = [features[i] for i in range(len(windows))]
+        return [vllm_compat.rendered_like(self._template, prompt, d, f"speechctl-asr-{next(self._mm_ids)}", keep_on_cpu=at_render)
+                for d, (_, _, prompt) in zip(data, windows)]
+
+    def _log_mel(self, audios: list) -> list:
+        """transformers' log-mel features [mels, frames] of each window (host tensors)."""
+        if not audios:
+            return []
+        audios = [np.asarray(audio, dtype=np.float32) for audio in audios]
+        if self.feature_device == "cpu":
+            return [self._features(a, sampling_rate=RATE, return_tensors="pt")["input_features"][0] for a in audios]
+        return list(self._features(audios, sampling_rate=RATE, return_tensors="pt", device=self.feature_device)["input_features"])
 
     @staticmethod
     def _window_key(state, w: int, decoder_prompt: list[int]) -> tuple:
-        return id(state), w, tuple(decoder_prompt)
+        return state.serial, w, tuple(decoder_prompt)
 
     def _admit(self, ready: deque, live: dict, max_lanes: int | None = None) -> bool:
         """Add groups from ``ready`` while the next step can take all of their lanes."""
@@ -575,6 +609,7 @@ class WhisperAsr:
             self.stats["fallbacks"] += 1
             ready.appendleft((state, group.window, next_t))
             return
+        self.encoder.drop(state.serial, group.window)  # final: no attempt reads its encoder output again
         self._queue(state, ready)
 
     def _free_tokens(self, out: list[int], nf: int) -> list[int]:
@@ -587,6 +622,7 @@ class WhisperAsr:
 
     def _finish(self, states: list, to_align: list) -> Iterator:
         for state in states:
+            self.encoder.drop(state.serial)  # (windows rendered ahead and never decoded, after an error)
             if state.error is None and state.options.word_timestamps and any(s for s in state.segments):
                 to_align.append(state)
             else:
