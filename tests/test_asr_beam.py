@@ -90,7 +90,8 @@ def test_beam_search_equals_transformers_where_the_definitions_coincide(asr, ref
 def test_the_encoder_runs_once_per_window_whatever_the_beam_and_the_fallback(asr, clips):
     """Four windows never seen by the engine, beam 5, and a log-probability threshold that no
     result meets: every window is decoded at all six temperatures (best of 5 above 0), 26 lanes
-    each, and the encoder (counted at vLLM's own encoder module) runs four times."""
+    each, and the encoder (counted at vLLM's own encoder module, where the windows are rendered)
+    runs four times."""
     from speechctl.engine import vllm_compat
 
     encoder = vllm_compat.engine_runner(asr._engine).get_model().model.encoder
@@ -112,6 +113,7 @@ def test_the_encoder_runs_once_per_window_whatever_the_beam_and_the_fallback(asr
         encoder.forward = forward
     assert sum(seen) == 4
     assert asr.stats["groups"] - groups == 4 * 6
+    assert not asr.encoder.windows  # every window's encoder output was dropped once it was final
     for r in results.values():
         assert r.segments[0].temperature == 1.0 and r.text  # the last attempt is kept
 
