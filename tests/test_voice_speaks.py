@@ -164,12 +164,17 @@ def short_texts_across_seeds(voice, whisper):
 
 
 def test_short_texts_are_read_across_seeds(short_texts_across_seeds):
-    """Bars the voice meets today (step 17,320: the fox 4.9 of 9 words wrong on average, read
-    with at most one wrong at 5 of 16 seeds; "Hello world" 0.6 of 2, exactly at 12 of 16; 15,206:
-    5.4, 2 of 16; 2.1, 4 of 16). Noise reads at about every word wrong."""
+    """Bars the voice meets wherever it runs; noise reads at about every word wrong (the fox 9 of
+    9, "Hello world" 2 of 2, never exactly). The same seeds draw differently on another CPU (its
+    kernels round differently, and one flipped token changes the rest of the draw), so the bars
+    sit below the voice's rates over many seeds, not at one machine's draw of seeds 0-15. Step
+    17,320 on an AVX2 CPU (bfloat16 emulated), 64 seeds in blocks of 16: "Hello world" 1.23 of
+    2 words wrong, exactly at 22 of 64 (blocks 5, 4, 7, 6; block means 1.00-1.56); the fox 5.02
+    of 9 (block means 4.13-5.50), at most one wrong at 9 of 64. The machines before it drew 0.6
+    of 2 and 12 of 16 exact at seeds 0-15, and 7 of 24 at seeds 100-123 (lm-progress.md)."""
     fox, hello = short_texts_across_seeds[FOX], short_texts_across_seeds["Hello world"]
-    assert np.mean(fox) <= 6.0 and sum(e <= 1 for e in fox) >= 3, fox
-    assert np.mean(hello) <= 1.0 and hello.count(0) >= 8, hello
+    assert np.mean(fox) <= 6.5, fox
+    assert np.mean(hello) <= 1.75 and hello.count(0) >= 2, hello
 
 
 @pytest.mark.xfail(strict=True, reason=NOT_YET)
