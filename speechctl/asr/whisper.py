@@ -225,10 +225,11 @@ class WhisperAsr:
         self._template = None  # one window rendered by vLLM: every other window is rendered like it
         self._mm_ids = itertools.count()
         self._prerender = Prerender(self._render_many, depth=self.config.max_num_seqs)
-        # On the CPU the render worker's encoder passes wait for the engine's step (and the step
-        # for them): they would share its cores, gaining nothing, and torch's CPU kernels running
-        # beside the step made its tokens depend on timing (26 clips decoded twice, twice: 2 and 4
-        # differed; with the lock none, and the same tokens as with the encoder in the step).
+        # On the CPU the render worker's encoder passes wait for the engine's step and the word
+        # alignment (and they for the passes): they would share its cores, gaining nothing, and
+        # torch's CPU kernels running beside the step made its tokens depend on timing (26 clips
+        # decoded twice, twice: 2 and 4 differed; with the lock none, and the same tokens as with
+        # the encoder in the step).
         self._cpu_compute = contextlib.nullcontext() if self.on_gpu else threading.Lock()
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
@@ -679,7 +680,8 @@ class WhisperAsr:
                 sot = self.vocab.sot_sequence(state.language, state.options.task) if self.vocab.multilingual else [self.vocab.sot]
                 items.append(AlignItem(state.window_audio(w), text, sot, code))
                 where.append((state, w))
-        alignments = aligner.align(items)
+        with self._cpu_compute:  # (the render worker may be encoding: on the CPU, in turn)
+            alignments = aligner.align(items)
         self.stats["aligned_windows"] += len(items)
         last = {}
         for (state, w), alignment in zip(where, alignments):
