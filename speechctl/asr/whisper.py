@@ -216,7 +216,6 @@ class WhisperAsr:
         self._free_slots = list(range(self.decoding.capacity))
         self._ids = itertools.count()
         self._serials = itertools.count()  # inputs' numbers: they key their windows' encoder outputs
-        self._keys = itertools.count()
         self._aligner = None
         self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
         self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0, "steps": 0, "step_s": 0.0,
