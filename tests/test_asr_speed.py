@@ -16,7 +16,7 @@ pytestmark = pytest.mark.engine
 def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     out, png = tmp_path / "speed.json", tmp_path / "speed.png"
     args = ["--batch", "1,2", "--files", "4", "--max-tokens", "40", "--profile", "speechctl", "--admit-share", "0,0.5",
-            "--systems", "speechctl,speechctl-step-encoder,transformers,ctranslate2",
+            "--systems", "speechctl,speechctl-encoder-at-render,transformers,ctranslate2",
             "--out", str(out), "--plot", str(png)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # this checkout's speechctl
     done = subprocess.run([sys.executable, "benchmarks/asr_speed.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -24,9 +24,9 @@ def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     record = json.loads(out.read_text())
     rows = [r for r in record["results"] if "skipped" not in r]
     systems = {r["system"] for r in rows}
-    assert {"speechctl", "speechctl-step-encoder", "transformers"} <= systems
+    assert {"speechctl", "speechctl-encoder-at-render", "transformers"} <= systems
     # greedy and beam 5 at batch 1 and 2; speechctl's at both admission shares
-    ours = ("speechctl", "speechctl-step-encoder")
+    ours = ("speechctl", "speechctl-encoder-at-render")
     assert len(rows) == 4 * (len(systems) + 2)
     for system in ours:
         assert sorted(r["admit_share"] for r in rows if r["system"] == system) == [0.0] * 4 + [0.5] * 4
@@ -36,8 +36,8 @@ def test_the_speed_bench_runs_and_records_its_command(tmp_path):
     for r in rows:  # the encoder ran where windows were rendered or in vLLM's step: the same tokens, 4 windows encoded
         if r["system"] in ours:
             assert r["encoded_windows"] == 4, r
-    step_encoder = {(r["mode"], r["batch"], r["admit_share"]): r["wer"] for r in rows if r["system"] == "speechctl-step-encoder"}
-    assert step_encoder == {(r["mode"], r["batch"], r["admit_share"]): r["wer"] for r in rows if r["system"] == "speechctl"}
+    at_render = {(r["mode"], r["batch"], r["admit_share"]): r["wer"] for r in rows if r["system"] == "speechctl-encoder-at-render"}
+    assert at_render == {(r["mode"], r["batch"], r["admit_share"]): r["wer"] for r in rows if r["system"] == "speechctl"}
     for r in rows:  # speechctl says where its time went: steps, our logits processor, beams
         if r["system"] != "speechctl":
             assert "profile" not in r and ("steps" in r) == (r["system"] in ours), r

@@ -831,9 +831,9 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
         # vLLM's own rendering of that window, part by part
         audio, prompt = noise_audio(2.5, 7), [asr.vocab.sot_prev, 11, 12, asr.vocab.sot]
         real = asr._render(audio, prompt)
-        asr.config.encoder_at_render = False  # vLLM's own path: the features themselves
+        asr.config.encoder_at_render = False  # vLLM's own path (the default): the features themselves
         (made,) = asr._render_many([((-1, 0, ()), audio, prompt)])
-        asr.config.encoder_at_render = True
+        asr.config.encoder_at_render = True  # the encoder where the window is rendered (below)
         assert made.keys() == real.keys() and made["encoder_prompt"] == real["encoder_prompt"]
         made_dec, real_dec = made["decoder_prompt"], real["decoder_prompt"]
         assert made_dec.keys() == real_dec.keys() and made_dec["prompt_token_ids"] == real_dec["prompt_token_ids"] == prompt

@@ -5,17 +5,17 @@ lanes of a beam search (and every fallback attempt at a higher temperature) woul
 encoder again. :class:`EncoderCache` sits in front of the model's encoder
 (``vllm_compat.share_mm_encoder``) and serves what vLLM's step asks for in one of two ways:
 
-- **windows encoded where they were rendered** (``WhisperConfig.encoder_at_render``, the
-  default): the driver encodes a chunk of windows on the render worker, off the step loop
-  (``encode_windows``), and hands vLLM a key per window (``key_tensor``: the input's serial
-  number and the window) in place of its log-mel features; the step looks the keys up. vLLM then
-  stacks, pins and copies 16 bytes a window instead of the features (0.96 MB: in an H100 beam-5
-  profile that batching was 25 of an admitting step's 46 ms), and runs no encoder. An entry
-  lives until the driver drops it (its window final, its input done), so that a fallback or a
-  restart of the window reuses it;
-- **log-mel features** (``encoder_at_render=False``, vLLM's own path): identical inputs of one
-  call, and inputs seen in the last ``capacity`` encodings, reuse one encoder output. The key is
-  two 64-bit hashes of the input's bits (integer arithmetic, so independent of batch and kernel).
+- **log-mel features** (the default, vLLM's own path): identical inputs of one call, and inputs
+  seen in the last ``capacity`` encodings, reuse one encoder output. The key is two 64-bit
+  hashes of the input's bits (integer arithmetic, so independent of batch and kernel);
+- **windows encoded where they were rendered** (``WhisperConfig.encoder_at_render``, off by
+  default: measured slower on an H100, docs/asr.md): the driver encodes a chunk of windows on
+  the render worker, off the step loop (``encode_windows``), and hands vLLM a key per window
+  (``key_tensor``: the input's serial number and the window) in place of its log-mel features;
+  the step looks the keys up. vLLM then stacks, pins and copies 16 bytes a window instead of the
+  features (0.96 MB: in an H100 beam-5 profile that batching was 25 of an admitting step's
+  46 ms), and runs no encoder. An entry lives until the driver drops it (its window final, its
+  input done), so that a fallback or a restart of the window reuses it.
 """
 
 from __future__ import annotations

@@ -17,14 +17,15 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
   encoder-decoder models, and batches, copies and encodes them once per lane in an admitting
   step. A window is rendered once for all its lanes, on a worker thread while the engine steps
   (:class:`~speechctl.asr.prerender.Prerender`), a few windows of the line a call:
-  transformers' feature extractor gives their features (all at once on a GPU), the model's
-  encoder encodes them there (``WhisperConfig.encoder_at_render``), and each window is one vLLM
-  rendering with a key to its encoder output in place of features
-  (``vllm_compat.rendered_like``), not a pass through vLLM's processor. The step's encoder call
-  looks the keys up (:class:`~speechctl.asr.encoder_cache.EncoderCache` in front of the model's
-  encoder, ``vllm_compat.share_mm_encoder``); a fallback or a restart reuses the output. Without
-  ``encoder_at_render`` the lanes of a step hand their shared features to vLLM's encoder once
-  (``vllm_compat.encode_shared_inputs_once``) and identical inputs share one pass across steps.
+  transformers' feature extractor gives their features (all at once on a GPU), and each window
+  is one vLLM rendering made from them (``vllm_compat.rendered_like``), not a pass through
+  vLLM's processor. The lanes of a step hand their shared features to vLLM's encoder once
+  (``vllm_compat.encode_shared_inputs_once``; :class:`~speechctl.asr.encoder_cache.EncoderCache`
+  in front of the model's encoder, ``vllm_compat.share_mm_encoder``) and identical inputs share
+  one pass across steps. With ``WhisperConfig.encoder_at_render`` (off: measured slower) the
+  model's encoder encodes the windows on the render worker instead, each rendering carries a
+  key to its output in place of features, the step's encoder call looks the keys up, and a
+  fallback or a restart reuses the output.
 * **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
   lane that continues another lane's history gets that lane's self-attention KV blocks copied
   (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
@@ -85,10 +86,14 @@ class WhisperConfig:
     # extractor's ``device``: "cpu", "cuda"); None: the engine's device. On the GPU the features of
     # a chunk of windows are one call there (H100, 2026-12-05: greedy at batch 64 455 audio-s/s
     # against 368 with them on the CPU, the same tokens; docs/asr.md)
-    # The encoder runs where a window is rendered (the render worker, off the step loop; a chunk
-    # of windows a call) and vLLM carries a key per window in place of its log-mel features;
-    # False: vLLM batches, copies and encodes the features in its admitting step (EncoderCache).
-    encoder_at_render: bool = True
+    # True: the encoder runs where a window is rendered (the render worker, off the step loop; a
+    # chunk of windows a call) and vLLM carries a key per window in place of its log-mel features.
+    # False (the default): vLLM batches, copies and encodes the features in its admitting step
+    # (EncoderCache). Measured side by side (H100, forty-second session, docs/asr.md), True was
+    # slower at every batch and mode (greedy at batch 64 450 against 637 audio-s/s, beam 5 372
+    # against 416): its encoder passes on the worker slow the steps they run beside by more than
+    # they take out of the admitting steps.
+    encoder_at_render: bool = False
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
     align_batch: int = 8  # windows per word-timestamp pass
