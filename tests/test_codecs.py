@@ -518,6 +518,35 @@ def test_a_capture_failing_while_recording_ahead_frees_the_graphs_before_the_eag
         np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
 
 
+def test_an_eager_decode_out_of_memory_runs_in_halves(codec, dac_path, monkeypatch, caplog):
+    """A decode call the device has no memory for (stood in for: more than two rows at once) is
+    decoded in halves of its rows, down to what fits, and gives the audio of the whole call; the
+    split is said once; one row out of memory fails as before."""
+    import logging
+
+    small = load_codec(dac_path, device="cpu")
+    decode_batch, calls = small._decode_batch, []
+
+    def two_rows_at_most(codes):
+        calls.append(codes.shape[0])
+        if codes.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
+        return decode_batch(codes)
+
+    monkeypatch.setattr(small, "_decode_batch", two_rows_at_most)
+    codes = random_codes([30] * 5, seed=4)  # one call of five rows
+    with caplog.at_level(logging.WARNING, logger="speechctl.codecs.base"):
+        ours = small.decode(codes)
+        small.decode(codes)
+    for waveform, reference in zip(ours, codec.decode(codes)):
+        np.testing.assert_allclose(waveform, reference, rtol=0, atol=DECODE_TOLERANCE)
+    assert calls[:5] == [5, 2, 3, 1, 2]  # 5 -> 2 + 3 -> 2 + (1 + 2)
+    assert sum("decodes such calls in halves" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setattr(small, "_decode_batch", lambda codes: (_ for _ in ()).throw(torch.OutOfMemoryError("one row")))
+    with pytest.raises(torch.OutOfMemoryError, match="one row"):
+        small.decode(random_codes([30], seed=5))
+
+
 def test_decode_graphs_give_the_eager_decode(codec, dac_path, monkeypatch):
     """Through the graphs (stood in for on the CPU), long items in fixed windows and batches
     padded to their bucket decode as the eager codec does; the graphs are a few shapes, kept

@@ -133,6 +133,7 @@ class Codec(ABC):
         self._lock = threading.Lock()  # decodes may run on a worker thread (worker.py) beside encodes
         self._graphs: StepGraphs | None = None  # the decode's CUDA graphs (use_decode_graphs)
         self._told_no_room = False  # (a graph left out for memory is said once: _room_for_graph)
+        self._told_split = False  # (a decode split for memory is said once: _decode_eager)
         self._graph_out: torch.Tensor | None = None  # the buffer they write their waveforms to
         self._graph_lengths: list[int] = []  # frames the decode's calls are padded up to (graphs on)
         self.graph_window: int | None = None
@@ -360,13 +361,13 @@ class Codec(ABC):
         waveforms are read before the next decode (``decode`` copies them to the host)."""
         graphs = self._graphs
         if graphs is None:
-            return self._decode_batch(codes)
+            return self._decode_eager(codes)
         rows, frames = codes.shape[0], codes.shape[-1]
         size = graphs.bucket(rows)
         if size is None or frames > self._graph_lengths[-1] or size * frames > self.max_batch_frames:
-            return self._decode_batch(codes)
+            return self._decode_eager(codes)
         if not graphs.recorded(size, frames) and not self._room_for_graph(size, frames):
-            return self._decode_batch(codes)
+            return self._decode_eager(codes)
         out, hop = self._graph_out, self.hop_length
 
         def decode_into_buffer(batch: torch.Tensor) -> tuple[torch.Tensor]:
@@ -390,8 +391,30 @@ class Codec(ABC):
             self.decode_eagerly()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+            return self._decode_eager(codes)
+        return self._decode_eager(codes) if result is None else result[0]  # (None: past the most kept)
+
+    def _decode_eager(self, codes: torch.Tensor) -> torch.Tensor:
+        """``_decode_batch``, in halves of its rows where the device runs out of memory (down to one
+        row, which fails as it would have): a decode beside an engine at its share meets what the
+        codec's budget did not foresee (the real Higgs 3B's workload at vLLM's default share on
+        an H100: a capture there failed, then the eager decode of its batch, 180 MiB short by 12,
+        forty-second session), and a call of fewer rows gives the same audio row for row."""
+        try:
             return self._decode_batch(codes)
-        return self._decode_batch(codes) if result is None else result[0]  # (None: past the most kept)
+        except torch.OutOfMemoryError as error:
+            if codes.shape[0] == 1:
+                raise
+            message = str(error).splitlines()[0]
+        # (out of the handler: its traceback holds the failed call's tensors)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not self._told_split:
+            self._told_split = True
+            logger.warning("speechctl: %s ran out of memory decoding %d rows at once (%s): it decodes such calls in "
+                           "halves", type(self).__name__, codes.shape[0], message)
+        half = codes.shape[0] // 2
+        return torch.cat([self._decode_eager(codes[:half]), self._decode_eager(codes[half:])])
 
     @contextlib.contextmanager
     def _on_own_stream(self):
