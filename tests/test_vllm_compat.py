@@ -155,9 +155,11 @@ def test_attach_reaches_runner_and_tracker(tiny_checkpoint):
     engine = SpeechEngine(tiny_checkpoint, EngineConfig(max_model_len=256, max_num_seqs=4, dtype="float32", kv_cache_bytes=1 << 26))
     view_ok = engine._vllm.collective_rpc(_check_view)
     assert view_ok == [True]
-    # the activations' peak of vLLM's memory profile: a GPU worker measures it, the CPU's does not
+    # the activations' peak of vLLM's memory profile: none here, where the KV cache is given in
+    # bytes (a GPU worker then skips its profile, as vLLM 0.26 logs on an H100: this test failed
+    # there expecting one, forty-second session) and the CPU's worker measures none anyway
     peaks = engine._vllm.collective_rpc(vllm_compat.peak_activation_bytes)
-    assert all(p > 0 for p in peaks) if torch.cuda.is_available() else peaks == [None]
+    assert peaks == [None]
     runner = vllm_compat.worker_runner(engine._vllm.model_executor.driver_worker)
     # As on vLLM 0.26 with CUDA: the runner sits in reference cycles (its graph wrappers) that
     # vLLM froze at start-up, and no finalizer thaws the heap when the engine goes (0.32 has one).
