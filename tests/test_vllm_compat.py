@@ -2,6 +2,7 @@
 against the installed vLLM. A failure here means vLLM changed under us: fix the compat module,
 not the test."""
 
+import dataclasses
 import inspect
 import os
 
@@ -267,6 +268,85 @@ def test_decode_steps_skip_the_multimodal_walk():
     assert runner._gather_mm_embeddings(step, 1) == (["x"], None) and calls == [1]
     batch.num_computed_tokens_cpu[1] = 30  # row 1 back in its prompt (a chunked prefill)
     assert runner._gather_mm_embeddings(step) == (["x"], None) and calls == [1, 0]
+
+
+def test_uniform_decode_is_decided_where_the_shim_wraps_it():
+    """``uniform_decode_only_past_prompts`` relies on vLLM calling a batch uniform when every row
+    has one token (a prompt's last token too), deciding it in ``_determine_batch_execution_and_padding``
+    with ``num_reqs`` by keyword from the step and ``force_uniform_decode`` set by captures; and on
+    the batch descriptor's ``uniform`` reaching the forward context (``step_is_uniform_decode``)."""
+    from vllm.forward_context import BatchDescriptor, ForwardContext
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    params = inspect.signature(GPUModelRunner._determine_batch_execution_and_padding).parameters
+    assert list(params)[:3] == ["self", "num_tokens", "num_reqs"] and params["force_uniform_decode"].default is None
+    uniform = inspect.getsource(GPUModelRunner._is_uniform_decode)
+    assert "max_num_scheduled_tokens == uniform_decode_query_len" in uniform
+    assert "num_tokens == max_num_scheduled_tokens * num_reqs" in uniform and "else force_uniform_decode" in uniform
+    execute = inspect.getsource(GPUModelRunner.execute_model)
+    assert "self._determine_batch_execution_and_padding(" in execute and "num_reqs=num_reqs," in execute
+    dummy = inspect.getsource(GPUModelRunner._dummy_run)
+    assert "force_uniform_decode=uniform_decode," in dummy  # captures say which graph they record
+    assert "uniform" in {f.name for f in dataclasses.fields(BatchDescriptor)}
+    assert "batch_descriptor" in {f.name for f in dataclasses.fields(ForwardContext)}
+
+
+def test_uniform_decode_batches_hold_generated_tokens_only():
+    """A step with a row still in its prompt (here its last token alone, as a prefix-cache hit
+    leaves it) is dispatched as mixed; a step of generated tokens only, and a capture, as vLLM
+    decides."""
+    import types
+
+    import numpy as np
+
+    calls = []
+    batch = types.SimpleNamespace(num_computed_tokens_cpu=np.array([40, 41, 38, 0]), num_prompt_tokens=np.array([39, 39, 39, 99]))
+    runner = types.SimpleNamespace(input_batch=batch, _determine_batch_execution_and_padding=lambda *a, **k: calls.append(k) or "desc")
+    vllm_compat.uniform_decode_only_past_prompts(runner)
+    vllm_compat.uniform_decode_only_past_prompts(runner)  # (once)
+    assert runner._determine_batch_execution_and_padding(num_tokens=3, num_reqs=3) == "desc"
+    assert calls[-1]["force_uniform_decode"] is False  # row 2: 38 of its 39 prompt tokens computed
+    runner._determine_batch_execution_and_padding(num_tokens=2, num_reqs=2)
+    assert "force_uniform_decode" not in calls[-1]  # rows 0 and 1 past their prompts: vLLM decides
+    batch.num_computed_tokens_cpu[2] = 39
+    runner._determine_batch_execution_and_padding(3, 3, None, 1, False)  # positionally, as 0.32's
+    assert calls[-1] == {}
+    runner._determine_batch_execution_and_padding(num_tokens=4, num_reqs=4, force_uniform_decode=True)  # a capture
+    assert calls[-1]["force_uniform_decode"] is True and len(calls) == 4
+
+
+def test_the_dual_mlp_runs_the_audio_mlp_alone_in_uniform_decode_steps(monkeypatch):
+    """Higgs' DualFFN op: in a uniform decode step (the forward context's batch descriptor) the
+    audio expert as dense GEMMs, equal to transformers' Llama MLP with its weights; in any other
+    step, and outside a forward, the routed mixture (``grouped_mlp``, CUDA's; recorded here)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP as ReferenceMLP
+    from vllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    from speechctl.models.higgs import dual_mlp  # noqa: F401  (registers speechctl::dual_mlp)
+
+    torch.manual_seed(0)
+    H, I, n = 16, 24, 5
+    reference = ReferenceMLP(LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=2, num_key_value_heads=2, hidden_act="silu", mlp_bias=False)).eval()
+    w13 = torch.randn(2, 2 * I, H)
+    w13[1] = torch.cat([reference.gate_proj.weight, reference.up_proj.weight]).detach()
+    w2 = torch.randn(2, H, I)
+    w2[1] = reference.down_proj.weight.detach()
+    x, is_audio = torch.randn(n, H), torch.ones(n, 1, dtype=torch.bool)
+    routed = []
+    monkeypatch.setattr(vllm_compat, "grouped_mlp", lambda x, w13, w2, ids: routed.append(ids) or torch.zeros_like(x))
+
+    def run(uniform):
+        context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={},
+                                 batch_descriptor=BatchDescriptor(num_tokens=n, uniform=uniform))
+        with override_forward_context(context):
+            return torch.ops.speechctl.dual_mlp(x, is_audio, w13, w2)
+
+    with torch.no_grad():
+        torch.testing.assert_close(run(True), reference(x), rtol=1e-5, atol=1e-5)
+        assert routed == []
+        assert not run(False).any() and len(routed) == 1 and routed[0].dtype == torch.int32
+        assert not torch.ops.speechctl.dual_mlp(x, is_audio, w13, w2).any() and len(routed) == 2
 
 
 def test_llama_model_takes_a_layer_type():

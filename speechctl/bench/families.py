@@ -139,7 +139,8 @@ def run_family_bench(
             from speechctl.models.higgs.model import one_mlp_per_token
 
             grouped = one_mlp_per_token(bool(result["config"].get("mlp_bias", False)))
-            result["dual_ffn"] = "one MLP per token (fused MoE)" if grouped else "both MLPs"
+            result["dual_ffn"] = ("one MLP per token: the audio MLP alone in uniform decode steps, fused MoE in others"
+                                  if grouped else "both MLPs")
 
         def add(row: dict) -> None:
             rows.append(row)

@@ -347,6 +347,47 @@ def gather_mm_only_in_prompts(runner) -> None:
     runner._gather_mm_embeddings = gather
 
 
+def uniform_decode_only_past_prompts(runner) -> None:
+    """vLLM's uniform decode batches, its full CUDA graphs of decode steps, hold generated tokens
+    only: a batch with a row still in its prompt is dispatched as a mixed batch.
+
+    vLLM calls a batch uniform when every row has one token (``GPUModelRunner._is_uniform_decode``
+    via ``_determine_batch_execution_and_padding``, 0.26 and 0.32), which a prompt's last token
+    also is where a prefix-cache hit or a chunk boundary leaves one (always one: vLLM recomputes
+    a fully cached prompt's last token). A model that runs something else for generated tokens in
+    its uniform decode graphs (Higgs' DualFFN: the audio MLP alone, ``step_is_uniform_decode``)
+    needs the flag to mean "all generated": this wrapper (on the runner instance) passes
+    ``force_uniform_decode=False`` for a step with such a row, reading the input batch's counts as
+    ``gather_mm_only_in_prompts`` does (no walk). Captures pass the flag themselves: left alone."""
+    inner = runner._determine_batch_execution_and_padding
+    if hasattr(inner, "speechctl_inner"):
+        return
+    batch = runner.input_batch
+
+    def determine(*args, **kwargs):
+        if kwargs.get("force_uniform_decode") is None:
+            n = kwargs["num_reqs"] if "num_reqs" in kwargs else args[1]
+            if not (batch.num_computed_tokens_cpu[:n] >= batch.num_prompt_tokens[:n]).all():
+                kwargs["force_uniform_decode"] = False
+        return inner(*args, **kwargs)
+
+    determine.speechctl_inner = inner
+    runner._determine_batch_execution_and_padding = determine
+
+
+def step_is_uniform_decode() -> bool:
+    """Whether the forward running now is one of vLLM's uniform decode batches (its batch
+    descriptor, set by the runner for every forward and every capture, 0.26 and 0.32); False
+    outside a forward. Read from Python at run or capture time, so only from code that torch.compile
+    does not trace (a custom op): a traced read would be fixed at compile time."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return False
+    descriptor = get_forward_context().batch_descriptor
+    return descriptor is not None and bool(descriptor.uniform)
+
+
 def worker_runner(worker):
     """The V1 model runner of a worker (``collective_rpc`` hands over a wrapper in some
     executors)."""
@@ -386,6 +427,8 @@ def attach_runtime(worker) -> int:
     trackers[0].runtime = runtime
     if runner.supports_mm_inputs and not hasattr(runner._gather_mm_embeddings, "speechctl_inner"):
         gather_mm_only_in_prompts(runner)
+    if getattr(model, "uniform_decode_is_generated", False):
+        uniform_decode_only_past_prompts(runner)
     # vLLM assumes a custom logits processor reads the batch's output token ids and keeps them per
     # step: with async scheduling (GPU) that means waiting for the previous step's sampled ids and
     # a Python loop over every request, each step. StreamTracker reads none (only who sits where).

@@ -13,6 +13,16 @@ text MLP and 1 the audio MLP, loaded from the checkpoint's ``mlp.*`` / ``audio_m
 (``load``) with tensor parallelism's column/row split; the output is all-reduced across ranks
 as ``RowParallelLinear`` would. On the CPU the layer keeps vLLM's two ``LlamaMLP``s and
 ``where`` (vLLM-CPU's GEMMs, exactly the numbers the parity tests compare).
+
+**Decode steps: the audio MLP alone, as dense GEMMs.** The fused MoE kernel at two experts costs
+1.2-1.35x one dense MLP at up to 64 tokens (H100, fortieth session), most of the real Higgs 3B's
+gap to a plain Llama of its size. In vLLM's uniform decode batches every token is generated,
+so audio (``vllm_compat.uniform_decode_only_past_prompts`` keeps a prompt's last token out of
+them), and there the layer runs the audio expert's weights as two plain GEMMs (cuBLAS), as a
+dense Llama MLP does. The choice is made where the step's batch descriptor is known: in a
+custom op (``speechctl::dual_mlp``) that torch.compile leaves opaque, whose Python runs when
+vLLM captures a graph (uniform decode graphs record the dense path, mixed ones the mixture) and
+in eager steps; a replay runs what its capture recorded.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ class DualMLP(nn.Module):
     def forward(self, text: torch.Tensor, audio: torch.Tensor, is_audio: torch.Tensor) -> torch.Tensor:
         """[n, H] normed inputs of both branches, [n, 1] audio mask -> [n, H]."""
         x = torch.where(is_audio, audio, text)
-        out = vllm_compat.grouped_mlp(x, self.w13, self.w2, is_audio.to(torch.int32))
+        out = torch.ops.speechctl.dual_mlp(x, is_audio, self.w13, self.w2)
         return vllm_compat.all_reduce(out) if self.tp_size > 1 else out
 
     def load(self, part_name: str, weight: torch.Tensor) -> None:
@@ -56,6 +66,26 @@ class DualMLP(nn.Module):
         else:  # [I, H]: column parallel, this rank's rows; gate first, then up
             rows = slice(0, I) if part == "gate" else slice(I, 2 * I)
             self.w13.data[expert, rows].copy_(weight[r * I : (r + 1) * I])
+
+
+@torch.library.custom_op("speechctl::dual_mlp", mutates_args=())
+def dual_mlp(x: torch.Tensor, is_audio: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Each row of ``x`` [n, H] through its own expert (``is_audio`` [n, 1]: 1 the audio MLP, 0 the
+    text one); in a uniform decode step (every row audio) the audio expert as dense GEMMs."""
+    if vllm_compat.step_is_uniform_decode():
+        return audio_mlp(x, w13[1], w2[1])
+    return vllm_compat.grouped_mlp(x, w13, w2, is_audio.to(torch.int32))
+
+
+@dual_mlp.register_fake
+def _(x, is_audio, w13, w2):
+    return torch.empty_like(x)
+
+
+def audio_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """One SiLU MLP of ``w13`` [2I, H] (gate; up) and ``w2`` [H, I], as dense GEMMs."""
+    gate, up = torch.nn.functional.linear(x, w13).chunk(2, dim=-1)
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2)
 
 
 def load_dual_weights(weights, layers, loaded: set[str]):

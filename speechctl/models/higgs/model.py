@@ -32,7 +32,8 @@ The DualFFN choice must reach the layers inside a forward that vLLM may capture 
 ``embed_input_ids`` (eager, before the forward) writes the per-token audio mask into the
 persistent buffer ``audio_mask`` [max_num_batched_tokens, 1], and every layer reads its first
 ``num_tokens`` rows. On CUDA the two MLPs are one top-1 mixture routed by that mask, so each
-token runs only its own MLP (``dual_mlp.py``); on the CPU both run and ``where`` picks.
+token runs only its own MLP, and uniform decode steps run the audio MLP alone as dense GEMMs
+(``dual_mlp.py``); on the CPU both run and ``where`` picks.
 """
 
 from __future__ import annotations
@@ -144,6 +145,9 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         self.audio_lm_head = nn.Linear(config.hidden_size, K * V, bias=False)
         self.make_stream_runtime(spec, vllm_config, self.audio_mask.device)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        # the DualFFN's uniform decode graphs run the audio MLP alone (dual_mlp.py): vLLM's uniform
+        # decode batches must then hold generated (audio) tokens only (attach_runtime's shim)
+        self.uniform_decode_is_generated = self.model.layers[self.model.start_layer].grouped
 
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
         """Voice prompts: [K, S] delay-interleaved steps per item -> [S, H] audio embeddings."""
