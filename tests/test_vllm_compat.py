@@ -333,20 +333,24 @@ def test_the_dual_mlp_runs_the_audio_mlp_alone_in_uniform_decode_steps(monkeypat
     w2 = torch.randn(2, H, I)
     w2[1] = reference.down_proj.weight.detach()
     x, is_audio = torch.randn(n, H), torch.ones(n, 1, dtype=torch.bool)
+    text = torch.randn(n, H)  # (the text branch's input: unused where every row is audio)
     routed = []
-    monkeypatch.setattr(vllm_compat, "grouped_mlp", lambda x, w13, w2, ids: routed.append(ids) or torch.zeros_like(x))
+    monkeypatch.setattr(vllm_compat, "grouped_mlp", lambda x, w13, w2, ids: routed.append((x, ids)) or torch.zeros_like(x))
 
     def run(uniform):
         context = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={},
                                  batch_descriptor=BatchDescriptor(num_tokens=n, uniform=uniform))
         with override_forward_context(context):
-            return torch.ops.speechctl.dual_mlp(x, is_audio, w13, w2)
+            return torch.ops.speechctl.dual_mlp(text, x, is_audio, w13, w2)
 
     with torch.no_grad():
         torch.testing.assert_close(run(True), reference(x), rtol=1e-5, atol=1e-5)
         assert routed == []
-        assert not run(False).any() and len(routed) == 1 and routed[0].dtype == torch.int32
-        assert not torch.ops.speechctl.dual_mlp(x, is_audio, w13, w2).any() and len(routed) == 2
+        assert not run(False).any() and len(routed) == 1 and routed[0][1].dtype == torch.int32
+        is_audio[1] = False  # outside a forward, a row of text: its own input goes to the mixture
+        assert not torch.ops.speechctl.dual_mlp(text, x, is_audio, w13, w2).any() and len(routed) == 2
+        picked, ids = routed[1]
+        assert torch.equal(picked[1], text[1]) and torch.equal(picked[0], x[0]) and ids[:, 0].tolist() == [1, 0, 1, 1, 1]
 
 
 def test_llama_model_takes_a_layer_type():

@@ -317,6 +317,12 @@ class StepView:
         return self._runner.input_ids.gpu
 
 
+def all_past_prompts(batch, n: int) -> bool:
+    """Whether each of the input batch's first ``n`` rows has computed its whole prompt (the
+    step feeds it generated tokens only): its counts, no walk over requests (0.26 and 0.32)."""
+    return bool((batch.num_computed_tokens_cpu[:n] >= batch.num_prompt_tokens[:n]).all())
+
+
 def gather_mm_only_in_prompts(runner) -> None:
     """Skip vLLM's per-step gathering of multimodal embeddings on steps that can have none.
 
@@ -338,8 +344,7 @@ def gather_mm_only_in_prompts(runner) -> None:
     no_mm = torch.zeros(runner.max_num_tokens, dtype=torch.bool)
 
     def gather(scheduler_output, shift_computed_tokens: int = 0):
-        n = batch.num_reqs
-        if shift_computed_tokens or not (batch.num_computed_tokens_cpu[:n] >= batch.num_prompt_tokens[:n]).all():
+        if shift_computed_tokens or not all_past_prompts(batch, batch.num_reqs):
             return inner(scheduler_output, shift_computed_tokens)
         return [], no_mm[: scheduler_output.total_num_scheduled_tokens]
 
@@ -357,8 +362,8 @@ def uniform_decode_only_past_prompts(runner) -> None:
     a fully cached prompt's last token). A model that runs something else for generated tokens in
     its uniform decode graphs (Higgs' DualFFN: the audio MLP alone, ``step_is_uniform_decode``)
     needs the flag to mean "all generated": this wrapper (on the runner instance) passes
-    ``force_uniform_decode=False`` for a step with such a row, reading the input batch's counts as
-    ``gather_mm_only_in_prompts`` does (no walk). Captures pass the flag themselves: left alone."""
+    ``force_uniform_decode=False`` for a step with such a row (``all_past_prompts``, as
+    ``gather_mm_only_in_prompts`` reads it). Captures pass the flag themselves: left alone."""
     inner = runner._determine_batch_execution_and_padding
     if hasattr(inner, "speechctl_inner"):
         return
@@ -366,8 +371,7 @@ def uniform_decode_only_past_prompts(runner) -> None:
 
     def determine(*args, **kwargs):
         if kwargs.get("force_uniform_decode") is None:
-            n = kwargs["num_reqs"] if "num_reqs" in kwargs else args[1]
-            if not (batch.num_computed_tokens_cpu[:n] >= batch.num_prompt_tokens[:n]).all():
+            if not all_past_prompts(batch, kwargs["num_reqs"] if "num_reqs" in kwargs else args[1]):
                 kwargs["force_uniform_decode"] = False
         return inner(*args, **kwargs)
 

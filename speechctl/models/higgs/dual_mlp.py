@@ -52,8 +52,7 @@ class DualMLP(nn.Module):
 
     def forward(self, text: torch.Tensor, audio: torch.Tensor, is_audio: torch.Tensor) -> torch.Tensor:
         """[n, H] normed inputs of both branches, [n, 1] audio mask -> [n, H]."""
-        x = torch.where(is_audio, audio, text)
-        out = torch.ops.speechctl.dual_mlp(x, is_audio, self.w13, self.w2)
+        out = torch.ops.speechctl.dual_mlp(text, audio, is_audio, self.w13, self.w2)
         return vllm_compat.all_reduce(out) if self.tp_size > 1 else out
 
     def load(self, part_name: str, weight: torch.Tensor) -> None:
@@ -69,17 +68,20 @@ class DualMLP(nn.Module):
 
 
 @torch.library.custom_op("speechctl::dual_mlp", mutates_args=())
-def dual_mlp(x: torch.Tensor, is_audio: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """Each row of ``x`` [n, H] through its own expert (``is_audio`` [n, 1]: 1 the audio MLP, 0 the
-    text one); in a uniform decode step (every row audio) the audio expert as dense GEMMs."""
+def dual_mlp(text: torch.Tensor, audio: torch.Tensor, is_audio: torch.Tensor, w13: torch.Tensor,
+             w2: torch.Tensor) -> torch.Tensor:
+    """Each row through its own expert: ``audio`` [n, H] where ``is_audio`` [n, 1] (the audio MLP,
+    expert 1), ``text`` elsewhere (expert 0); in a uniform decode step, where every row is audio,
+    ``audio`` through the audio expert as dense GEMMs (no pick, no routing)."""
     if vllm_compat.step_is_uniform_decode():
-        return audio_mlp(x, w13[1], w2[1])
+        return audio_mlp(audio, w13[1], w2[1])
+    x = torch.where(is_audio, audio, text)
     return vllm_compat.grouped_mlp(x, w13, w2, is_audio.to(torch.int32))
 
 
 @dual_mlp.register_fake
-def _(x, is_audio, w13, w2):
-    return torch.empty_like(x)
+def _(text, audio, is_audio, w13, w2):
+    return torch.empty_like(audio)
 
 
 def audio_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
