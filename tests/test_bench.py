@@ -202,6 +202,14 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     assert row["first_chunk_planned_steps_p95"] == row["streamed_steps_to_audio_p95"]
     assert 0 <= row["first_chunk_decode_ms_p50"] <= row["streamed_ttfa_p50_ms"]
     assert 0 < row["codec_busy_s"] <= row["codec_s"]  # the CPU decodes in the step
+    # the streamed TTFA's parts: each a wait within it, the prefill's first output a step or two
+    # after submission, the decode steps before the first chunk at a step time within the run's
+    parts = row["ttfa_parts_ms"]
+    assert set(parts) == {"arrival_to_submit", "submit_to_first_output", "first_output_to_plan"}
+    for part in parts.values():
+        assert 0 <= part["p50"] <= part["p95"] <= row["streamed_ttfa_p95_ms"] + 1e-6
+    assert 1 <= row["steps_to_first_output_p50"] < row["first_chunk_planned_steps_p50"]
+    assert 0 < row["decode_step_ms_before_first_chunk_p50"] <= 1000 * row["makespan_s"]
     # the steps' time split lies within the run: every step starts after the first arrival and
     # ends before the last audio
     saturated = result["saturation"]

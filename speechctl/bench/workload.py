@@ -100,6 +100,8 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
                 row["last"] = t
     for job_id, row in seen.items():
         row["audio_s"] = samples.get(job_id, 0) / speech.sample_rate
+    for wait in streamer.first_audio:  # the driver's part: a request arriving mid-step waits for its end
+        wait["arrival_to_submit_s"] = wait["submitted_at"] - start - seen[wait["id"]]["arrival"]
     split = {f"{part}_s": round(t, 3) for part, t in streamer.seconds.items()}
     # the codec's decode graphs recorded in this round (each a capture beside the engine's steps,
     # which waited for it in the fortieth session's varied round): which round paid for them
@@ -134,6 +136,17 @@ def summarize(driven: tuple[dict, dict]) -> dict:
             "first_chunk_planned_steps_p95": pct([w["steps_to_plan"] for w in waits], 95),
             "first_chunk_decode_ms_p50": ms([w["decode_wait_s"] for w in waits], 50),
             "first_chunk_decode_ms_p95": ms([w["decode_wait_s"] for w in waits], 95),
+            # the streamed TTFA in parts (each part's own percentiles: they need not add up):
+            # arrival to submission (the driver's step in progress), submission to the engine's
+            # first output for it (queueing and prefill), from there to the first chunk planned
+            # (decode steps, and the step time they ran at), then the codec's decode above
+            "ttfa_parts_ms": {part: {"p50": ms([w[key] for w in waits], 50), "p95": ms([w[key] for w in waits], 95)}
+                              for part, key in (("arrival_to_submit", "arrival_to_submit_s"),
+                                                ("submit_to_first_output", "to_output_s"),
+                                                ("first_output_to_plan", "output_to_plan_s"))},
+            "steps_to_first_output_p50": pct([w["steps_to_output"] for w in waits], 50),
+            "decode_step_ms_before_first_chunk_p50": ms([w["output_to_plan_s"] / max(1, w["steps_to_plan"] - w["steps_to_output"])
+                                                        for w in waits], 50),
             "e2e_p50_ms": ms(last, 50), "e2e_p95_ms": ms(last, 95), **split}
 
 
@@ -143,7 +156,9 @@ def described(row: dict) -> str:
             f"(streamed {row['streamed_ttfa_p50_ms']}/{row['streamed_ttfa_p95_ms']} ms, "
             f"{row['streamed_steps_to_audio_p50']}/{row['streamed_steps_to_audio_p95']} steps; first chunk planned after "
             f"{row['first_chunk_planned_steps_p50']}/{row['first_chunk_planned_steps_p95']} steps, decoded in "
-            f"{row['first_chunk_decode_ms_p50']}/{row['first_chunk_decode_ms_p95']} ms), "
+            f"{row['first_chunk_decode_ms_p50']}/{row['first_chunk_decode_ms_p95']} ms; p50 parts: arrival to submit "
+            f"{row['ttfa_parts_ms']['arrival_to_submit']['p50']} ms, to first output {row['ttfa_parts_ms']['submit_to_first_output']['p50']} ms, "
+            f"to plan {row['ttfa_parts_ms']['first_output_to_plan']['p50']} ms at {row['decode_step_ms_before_first_chunk_p50']} ms/step), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
             f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s "
             f"and recorded {row['codec_graphs_recorded']} decode graphs")

@@ -58,6 +58,8 @@ class _Live:
     stream: bool = True  # False: one-shot, its audio decoded whole when it finishes
     dropped: bool = False  # cancelled or failed: audio still being decoded for it is dropped
     submitted_step: int = 0  # the streamer's step count when it was submitted
+    submitted_at: float = 0.0  # perf_counter time it was submitted
+    first_output: tuple[int, float] | None = None  # (step, time) the engine first reported on it
     first_planned: tuple[int, float] | None = None  # (step, time) its first chunk went to the codec
 
 
@@ -103,7 +105,10 @@ class SpeechStreamer:
         self.steps = 0
         # per streamed request, its wait for first audio: the steps until it was handed out, of
         # them the steps until its first chunk was planned (the engine's part), and the seconds
-        # from then (the codec's part; on the CPU the decode runs in the step that planned it)
+        # from then (the codec's part; on the CPU the decode runs in the step that planned it);
+        # and in seconds, from its submission to the engine's first output for it (its prefill
+        # and any queueing), from there to its first chunk planned (the decode steps the delay
+        # pattern and the codec's right context ask for)
         self.first_audio: list[dict] = []
 
     @property
@@ -145,7 +150,7 @@ class SpeechStreamer:
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
         live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream,
-                     submitted_step=self.steps)
+                     submitted_step=self.steps, submitted_at=time.perf_counter())
         self._live[id] = live
         self.engine.submit(dataclasses.replace(request, stream=stream, tag=live))
 
@@ -192,6 +197,8 @@ class SpeechStreamer:
             if out.error:
                 self._fail(live, f"{live.id}: {out.error}", events)
                 continue
+            if live.first_output is None:
+                live.first_output = (self.steps, stepped)
             if not live.stream:
                 try:
                     (codes,) = self.speech.prompts.audio_segments(out, starts_in_audio=True)
@@ -254,8 +261,13 @@ class SpeechStreamer:
                 if live is not None and not live.dropped and len(chunk.audio):
                     if live.samples == 0 and live.first_planned is not None:
                         planned, at = live.first_planned
-                        self.first_audio.append({"steps_to_audio": self.steps - live.submitted_step + 1,
+                        output_step, output_at = live.first_output
+                        self.first_audio.append({"id": live.id, "submitted_at": live.submitted_at,
+                                                 "steps_to_audio": self.steps - live.submitted_step + 1,
+                                                 "steps_to_output": output_step - live.submitted_step + 1,
                                                  "steps_to_plan": planned - live.submitted_step + 1,
+                                                 "to_output_s": output_at - live.submitted_at,
+                                                 "output_to_plan_s": at - output_at,
                                                  "decode_wait_s": time.perf_counter() - at})
                     events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
                     live.samples += len(chunk.audio)
