@@ -16,9 +16,6 @@ warm-up at the same batch size (CUDA graphs, kernel autotuning). Decoding settin
   (OpenAI's beam search: length normalisation, patience 1);
   (speechctl's defaults otherwise: on a GPU its log-mel features are computed there, and vLLM
   batches, copies and encodes them in its admitting step);
-* speechctl-encoder-at-render (when asked for): the same with the encoder run where a window is
-  rendered, off the step loop, and vLLM carrying a key per window
-  (``WhisperConfig.encoder_at_render=True``), the same tokens;
 * speechctl-cpu-mel (GPU only, when asked for): the same as speechctl, its log-mel features computed on the CPU
   (``WhisperConfig.feature_device="cpu"``: the feature extractor's ``device``); the speechctl
   systems run each row at every ``--admit-share`` (grouped admission, ``admit_share`` in the row);
@@ -51,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples" / "asr"
 RATE = 16000
 MODES = {"greedy": 1, "beam5": 5}
-SYSTEMS = ("speechctl", "speechctl-encoder-at-render", "speechctl-cpu-mel", "transformers", "ctranslate2")
+SYSTEMS = ("speechctl", "speechctl-cpu-mel", "transformers", "ctranslate2")
 
 
 def parse(argv):
@@ -136,7 +133,6 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
 class Speechctl:
     name = "speechctl"
     feature_device = None  # speechctl's default: the engine's device
-    encoder_at_render = False  # speechctl's default
 
     def __init__(self, args, on_gpu):
         from speechctl.asr import WhisperAsr, WhisperConfig
@@ -145,8 +141,7 @@ class Speechctl:
             raise RuntimeError("needs a GPU (on the CPU it is the speechctl row)")
         lanes = max(MODES[m] for m in args.modes)
         self.asr = WhisperAsr(args.model, WhisperConfig(max_num_seqs=max(args.batch) * lanes, dtype=args.dtype,
-                                                        feature_device=self.feature_device,
-                                                        encoder_at_render=self.encoder_at_render))
+                                                        feature_device=self.feature_device))
         self.max_tokens = args.max_tokens
 
     def run(self, audio, mode, batch, admit_share=None):
@@ -183,15 +178,6 @@ class SpeechctlCpuMel(Speechctl):
 
     name = "speechctl-cpu-mel"
     feature_device = "cpu"
-
-
-class SpeechctlEncoderAtRender(Speechctl):
-    """speechctl with the encoder run where a window is rendered (the render worker) and vLLM
-    carrying a key per window in place of its log-mel features (``WhisperConfig.encoder_at_render``:
-    off by default, measured slower on an H100)."""
-
-    name = "speechctl-encoder-at-render"
-    encoder_at_render = True
 
 
 class Transformers:
@@ -349,7 +335,7 @@ def main(argv=None) -> dict:
               "audio_s": round(sum(len(a) for a in audio) / RATE, 2), "environment": environment(on_gpu), "results": [],
               "notes": __doc__.split("\n\n", 2)[2].strip()}
     out = Path(args.out)
-    classes = {cls.name: cls for cls in (Speechctl, SpeechctlEncoderAtRender, SpeechctlCpuMel, Transformers, CTranslate2)}
+    classes = {cls.name: cls for cls in (Speechctl, SpeechctlCpuMel, Transformers, CTranslate2)}
     for cls in (classes[name] for name in args.systems):  # in the order asked for (a timeout keeps the first)
         try:
             t = time.perf_counter()

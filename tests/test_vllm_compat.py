@@ -875,7 +875,6 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
     block copy that moves exactly the blocks named, and one encoder pass for a window's beams."""
     from speechctl.asr import PLAIN_GREEDY, WhisperAsr, WhisperConfig
     from speechctl.asr.decoder import WhisperDecoding
-    from speechctl.asr.encoder_cache import EncoderCache
     from speechctl.jobs import AsrJob
     from test_asr_reference import make_checkpoint, noise_audio
 
@@ -917,9 +916,7 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
         # vLLM's own rendering of that window, part by part
         audio, prompt = noise_audio(2.5, 7), [asr.vocab.sot_prev, 11, 12, asr.vocab.sot]
         real = asr._render(audio, prompt)
-        asr.config.encoder_at_render = False  # vLLM's own path (the default): the features themselves
         (made,) = asr._render_many([((-1, 0, ()), audio, prompt)])
-        asr.config.encoder_at_render = True  # the encoder where the window is rendered (below)
         assert made.keys() == real.keys() and made["encoder_prompt"] == real["encoder_prompt"]
         made_dec, real_dec = made["decoder_prompt"], real["decoder_prompt"]
         assert made_dec.keys() == real_dec.keys() and made_dec["prompt_token_ids"] == real_dec["prompt_token_ids"] == prompt
@@ -929,28 +926,6 @@ def test_whisper_shims_on_a_live_engine(tmp_path):
         assert made_item["input_features"] == real_item["input_features"]  # data bit for bit, and the field's kind
         assert made_item["input_features"].field == real_item["input_features"].field
         assert made_dec["mm_hashes"]["audio"] != asr._template["decoder_prompt"]["mm_hashes"]["audio"]  # its own
-        assert not asr.encoder.has((-1, 0))  # (nothing encoded on that path)
-        # encoder_at_render: the window carries its key, kept on the host, and its encoder output
-        # is the model's encoder of vLLM's own features, waiting for the step
-        (keyed,) = asr._render_many([((-1, 0, ()), audio, prompt)])
-        (key_item,) = keyed["decoder_prompt"]["mm_kwargs"]["audio"]
-        key_elem = key_item["input_features"]
-        assert key_elem.data.tolist() == [-1, 0] and key_elem.field.keep_on_cpu and type(key_elem.field) is type(real_item["input_features"].field)
-        assert keyed["decoder_prompt"]["mm_placeholders"] == real_dec["mm_placeholders"]  # the same 1500 positions to schedule
-        (expected,) = vllm_compat.mm_encoder(runner)(real_item["input_features"].data[None])
-        (looked_up,) = asr.encoder(EncoderCache.key_tensor((-1, 0))[None], None)
-        torch.testing.assert_close(looked_up, expected)
-        # vLLM batches the step's keys on the host, while features go to the device
-        from vllm.multimodal.utils import group_and_batch_mm_kwargs
-
-        (_, n, batch), = group_and_batch_mm_kwargs([("audio", key_item), ("audio", key_item)], device="meta", pin_memory=False)
-        assert n == 2 and batch["input_features"].device.type == "cpu" and batch["input_features"].tolist() == [[-1, 0], [-1, 0]]
-        (_, _, batch), = group_and_batch_mm_kwargs([("audio", real_item)], device="meta", pin_memory=False)
-        assert batch["input_features"].device.type == "meta"
-        asr.encoder.drop(-1)
-        assert not asr.encoder.has((-1, 0))
-        with pytest.raises(RuntimeError, match=r"window \(-1, 0\) was dropped before its step"):
-            asr.encoder(EncoderCache.key_tensor((-1, 0))[None], None)
         device, asr.feature_device = asr.feature_device, "bogus"  # the feature device reaches transformers' feature extractor
         with pytest.raises(ValueError, match="'device': 'bogus'"):
             asr._render(noise_audio(1.0, 3), [asr.vocab.sot])

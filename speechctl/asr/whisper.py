@@ -22,10 +22,7 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
   vLLM's processor. The lanes of a step hand their shared features to vLLM's encoder once
   (``vllm_compat.encode_shared_inputs_once``; :class:`~speechctl.asr.encoder_cache.EncoderCache`
   in front of the model's encoder, ``vllm_compat.share_mm_encoder``) and identical inputs share
-  one pass across steps. With ``WhisperConfig.encoder_at_render`` (off: measured slower) the
-  model's encoder encodes the windows on the render worker instead, each rendering carries a
-  key to its output in place of features, the step's encoder call looks the keys up, and a
-  fallback or a restart reuses the output.
+  one pass across steps.
 * **Beams without re-running anything.** Beam lanes stay in the engine for the whole search; a
   lane that continues another lane's history gets that lane's self-attention KV blocks copied
   (``vllm_compat.SelfAttentionKv``). The lanes of a group must step together: a group is added only when
@@ -37,12 +34,10 @@ prompt is ``[<|startofprev|> previous text] <|startoftranscript|>``. Every token
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -86,14 +81,6 @@ class WhisperConfig:
     # extractor's ``device``: "cpu", "cuda"); None: the engine's device. On the GPU the features of
     # a chunk of windows are one call there (H100, 2026-12-05: greedy at batch 64 455 audio-s/s
     # against 368 with them on the CPU, the same tokens; docs/asr.md)
-    # True: the encoder runs where a window is rendered (the render worker, off the step loop; a
-    # chunk of windows a call) and vLLM carries a key per window in place of its log-mel features.
-    # False (the default): vLLM batches, copies and encodes the features in its admitting step
-    # (EncoderCache). Measured side by side (H100, forty-second session, docs/asr.md), True was
-    # slower at every batch and mode (greedy at batch 64 450 against 637 audio-s/s, beam 5 372
-    # against 416): its encoder passes on the worker slow the steps they run beside by more than
-    # they take out of the admitting steps.
-    encoder_at_render: bool = False
     enforce_eager: bool | None = None  # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
     align_batch: int = 8  # windows per word-timestamp pass
@@ -214,13 +201,12 @@ class WhisperAsr:
         self.decoding.kv = vllm_compat.SelfAttentionKv(runner)
         vllm_compat.encode_shared_inputs_once(runner)  # a beam's lanes: their one input batched once a step
         self.encoder = vllm_compat.share_mm_encoder(runner, EncoderCache(capacity=2 * self.config.max_num_seqs))
-        self._encode = vllm_compat.mm_encoder(runner)  # for windows encoded where they are rendered
         self.eot = self.vocab.eot
         self.budgets = vllm_compat.scheduler_budgets(self._engine)
         self.max_group = min(self.config.max_group, self.budgets["encoder_tokens"] // self.encoder_positions, self.budgets["sequences"])
         self._free_slots = list(range(self.decoding.capacity))
         self._ids = itertools.count()
-        self._serials = itertools.count()  # inputs' numbers: they key their windows' encoder outputs
+        self._serials = itertools.count()  # inputs' numbers: they key their windows' renderings
         self._aligner = None
         self.peak_live = 0  # most lanes in the engine at once (batching, for tests and stats)
         self.stats = {"groups": 0, "fallbacks": 0, "restarts": 0, "aligned_windows": 0, "steps": 0, "step_s": 0.0,
@@ -229,12 +215,6 @@ class WhisperAsr:
         self._template = None  # one window rendered by vLLM: every other window is rendered like it
         self._mm_ids = itertools.count()
         self._prerender = Prerender(self._render_many, depth=self.config.max_num_seqs)
-        # On the CPU the render worker's encoder passes wait for the engine's step and the word
-        # alignment (and they for the passes): they would share its cores, gaining nothing, and
-        # torch's CPU kernels running beside the step made its tokens depend on timing (26 clips
-        # decoded twice, twice: 2 and 4 differed; with the lock none, and the same tokens as with
-        # the encoder in the step).
-        self._cpu_compute = contextlib.nullcontext() if self.on_gpu else threading.Lock()
         self._line_seen = None  # (the ready line and the renders in flight when last asked ahead)
 
     def counters(self) -> dict:
@@ -313,8 +293,7 @@ class WhisperAsr:
                     continue
                 self.peak_live = max(self.peak_live, len(live))
                 started = time.perf_counter()
-                with self._cpu_compute:
-                    outputs = self._engine.step()
+                outputs = self._engine.step()
                 elapsed = time.perf_counter() - started
                 self.stats["steps"] += 1
                 self.stats["step_s"] += elapsed
@@ -338,7 +317,6 @@ class WhisperAsr:
                     yield from self._flush_alignment(to_align)
         finally:  # the caller stopped early (or failed): leave nothing running in the engine
             self._prerender.clear()
-            self.encoder.clear_windows()
             if live:
                 self._engine.abort_request(list(live))
                 slots = {s for g, _ in live.values() for s in g.slots}
@@ -434,32 +412,20 @@ class WhisperAsr:
         takes them (``Prerender``'s worker). Their log-mel features come from transformers'
         feature extractor, the one call of vLLM's Whisper processor that computes anything: on the
         CPU one window a call (a batched call there ran slower a window), on ``feature_device``
-        all at once. With ``encoder_at_render`` the chunk's windows not yet encoded are encoded
-        here in one call and each window carries its key instead of features (a fallback or a
-        restart of a window computes nothing again). Each window is then the template's
-        rendering with its own features (or key) and prompt (``vllm_compat.rendered_like``),
-        which skips the processor's per-window overhead (its hash of the audio, tokenizer call)."""
+        all at once. Each window is then the template's rendering with its own features and prompt
+        (``vllm_compat.rendered_like``), which skips the processor's per-window overhead (its hash
+        of the audio, tokenizer call)."""
         from transformers import WhisperFeatureExtractor
 
         from speechctl.asr.checkpoint import engine_dir
-        from speechctl.asr.encoder_cache import EncoderCache
         from speechctl.engine import vllm_compat
 
         if self._features is None:
             self._features = WhisperFeatureExtractor.from_pretrained(str(engine_dir(self.model_dir)))
             self._template = self._render(np.zeros(RATE, dtype=np.float32), [self.vocab.sot])
-        at_render = self.config.encoder_at_render
-        keys = [key[:2] for key, _, _ in windows]  # (input serial, window)
-        todo = [i for i, k in enumerate(keys) if not (at_render and self.encoder.has(k))]
-        features = dict(zip(todo, self._log_mel([windows[i][1] for i in todo])))
-        if at_render:
-            with self._cpu_compute:
-                self.encoder.encode_windows([keys[i] for i in todo], [features[i] for i in todo], self._encode)
-            data = [EncoderCache.key_tensor(k) for k in keys]
-        else:
-            data = [features[i] for i in range(len(windows))]
-        return [vllm_compat.rendered_like(self._template, prompt, d, f"speechctl-asr-{next(self._mm_ids)}", keep_on_cpu=at_render)
-                for d, (_, _, prompt) in zip(data, windows)]
+        features = self._log_mel([audio for _, audio, _ in windows])
+        return [vllm_compat.rendered_like(self._template, prompt, f, f"speechctl-asr-{next(self._mm_ids)}")
+                for f, (_, _, prompt) in zip(features, windows)]
 
     def _log_mel(self, audios: list) -> list:
         """transformers' log-mel features [mels, frames] of each window (host tensors)."""
@@ -614,7 +580,6 @@ class WhisperAsr:
             self.stats["fallbacks"] += 1
             ready.appendleft((state, group.window, next_t))
             return
-        self.encoder.drop(state.serial, group.window)  # final: no attempt reads its encoder output again
         self._queue(state, ready)
 
     def _free_tokens(self, out: list[int], nf: int) -> list[int]:
@@ -627,7 +592,6 @@ class WhisperAsr:
 
     def _finish(self, states: list, to_align: list) -> Iterator:
         for state in states:
-            self.encoder.drop(state.serial)  # (windows rendered ahead and never decoded, after an error)
             if state.error is None and state.options.word_timestamps and any(s for s in state.segments):
                 to_align.append(state)
             else:
@@ -684,8 +648,7 @@ class WhisperAsr:
                 sot = self.vocab.sot_sequence(state.language, state.options.task) if self.vocab.multilingual else [self.vocab.sot]
                 items.append(AlignItem(state.window_audio(w), text, sot, code))
                 where.append((state, w))
-        with self._cpu_compute:  # (the render worker may be encoding: on the CPU, in turn)
-            alignments = aligner.align(items)
+        alignments = aligner.align(items)
         self.stats["aligned_windows"] += len(items)
         last = {}
         for (state, w), alignment in zip(where, alignments):

@@ -760,7 +760,7 @@ def render_prompt(llm_engine, prompt):
     return rendered
 
 
-def rendered_like(template, decoder_prompt: list[int], features, mm_hash: str, keep_on_cpu: bool = False):
+def rendered_like(template, decoder_prompt: list[int], features, mm_hash: str):
     """What ``render_prompt`` returns for another window of a Whisper engine, made from
     ``template`` (one window's rendered prompt) without vLLM's multimodal processor: the decoder
     prompt ``decoder_prompt``, the log-mel ``features`` [mels, frames] (what transformers' feature
@@ -771,9 +771,7 @@ def rendered_like(template, decoder_prompt: list[int], features, mm_hash: str, k
     the prompt updates. Both series: ``{type: "enc_dec", encoder_prompt, decoder_prompt:
     {prompt_token_ids, mm_kwargs: MultiModalKwargsItems{"audio": [item]}, mm_hashes,
     mm_placeholders}}`` (0.32 adds ``arrival_time``, set anew here); tests/test_vllm_compat.py
-    checks the result equal to a real render. ``keep_on_cpu``: ``features`` stay on the host when
-    vLLM batches the step's inputs (the field's ``keep_on_cpu``, both series), for a small key
-    that speechctl's encoder (``share_mm_encoder``) resolves in place of features."""
+    checks the result equal to a real render."""
     import dataclasses
 
     from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalKwargsItems
@@ -785,8 +783,7 @@ def rendered_like(template, decoder_prompt: list[int], features, mm_hash: str, k
     except (KeyError, TypeError, ValueError) as e:
         raise RuntimeError(f"vLLM {VLLM_VERSION}: a rendered Whisper prompt no longer keeps its features at "
                            f"decoder_prompt.mm_kwargs['audio'][0]['input_features'] ({e!r}; speechctl/engine/vllm_compat.py)") from e
-    field = dataclasses.replace(elem.field, keep_on_cpu=True) if keep_on_cpu else elem.field
-    audio = MultiModalKwargsItem({"input_features": dataclasses.replace(elem, data=features, field=field)})
+    audio = MultiModalKwargsItem({"input_features": dataclasses.replace(elem, data=features)})
     rendered = dict(template, decoder_prompt=dict(
         decoder, prompt_token_ids=list(decoder_prompt), mm_kwargs=MultiModalKwargsItems({"audio": [audio]}),
         mm_hashes={"audio": [mm_hash]}))
@@ -960,26 +957,7 @@ def share_mm_encoder(runner, share):
         return share(features, lambda f: inner(input_features=f))
 
     embed_multimodal.speechctl_share = share
-    embed_multimodal.speechctl_inner = inner
     model.embed_multimodal = embed_multimodal
     return share
 
 
-def mm_encoder(runner):
-    """The model's own audio encoder as a function of log-mel features [n, mels, frames] (any
-    device) -> n outputs on the model's device, callable from any thread, outside vLLM's step:
-    Whisper's ``embed_multimodal`` casts to the model's dtype and runs the encoder, whose
-    attention (``MMEncoderAttention``) reads no forward context (0.26 and 0.32). The wrapper of
-    ``share_mm_encoder`` is skipped, if installed."""
-    import torch
-
-    model = runner.get_model()
-    embed = model.embed_multimodal
-    embed = getattr(embed, "speechctl_inner", embed)
-    device = runner.device
-
-    def encode(features):
-        with torch.inference_mode():  # (grad mode is per thread: a worker's default is on)
-            return embed(input_features=features.to(device, non_blocking=True))
-
-    return encode
