@@ -114,7 +114,7 @@ for stage in "$@"; do
     asr-speed)  # issue 23's speed table: speechctl against transformers (and CTranslate2 where it is installed)
       timeout "${ASR_TIMEOUT:-540}" python3 benchmarks/asr_speed.py --model whisper-tiny.en --batch "${ASR_BATCH:-1,16,64}" \
         --files "${ASR_FILES:-128}" --modes greedy,beam5 --systems transformers,speechctl,ctranslate2 --dtype auto \
-        --admit-share "${ASR_ADMIT:-0.5}" --max-tokens 224 --profile "${ASR_PROFILE-speechctl}" --out "$OUT/asr-speed-h200.json" --plot "$OUT/asr-speed-h200.png" \
+        --admit-share "${ASR_ADMIT:-0.5}" --max-tokens 224 --repeats "${ASR_REPEATS:-5}" --profile "${ASR_PROFILE-speechctl}" --out "$OUT/asr-speed-h200.json" --plot "$OUT/asr-speed-h200.png" \
         > "$OUT/asr-speed.log" 2>&1
       grep -vE "WARNING|INFO" "$OUT/asr-speed.log" | tail -30
       ;;
