@@ -110,3 +110,24 @@ def test_tts_options_reach_the_family_and_a_stray_keyword_is_named():
     assert prompts.tts("hi", min_frames=5).min_frames == 5
     with pytest.raises(TypeError, match="speaker"):
         prompts.tts("hi", speaker=1)  # CSM's keyword: not this family's
+
+
+def test_summed_embeddings_bound_the_rows_a_lookup_holds(monkeypatch):
+    """A prefill's [n, K] codebook ids are summed a bounded number of rows at a time (the lookup
+    makes [rows, K, H] first: 768 MiB at once for Higgs 3B's 16,384-token prefill), the same
+    numbers as the one-shot sum, in bfloat16 too, ragged last chunk included."""
+    import torch
+    from torch import nn
+
+    from speechctl.models import stream_model
+
+    table = nn.Embedding(4 * 32, 16).to(torch.bfloat16)
+    ids = torch.randint(0, 4 * 32, (23, 4), generator=torch.Generator().manual_seed(0))
+    seen = []
+    lookup = table.forward
+    monkeypatch.setattr(table, "forward", lambda x: seen.append(x.shape[0]) or lookup(x))
+    monkeypatch.setattr(stream_model, "SUMMED_ROWS", 10)
+    assert torch.equal(stream_model.summed_embeddings(table, ids), lookup(ids).sum(dim=1))
+    assert seen == [10, 10, 3]
+    seen.clear()
+    assert torch.equal(stream_model.summed_embeddings(table, ids[:10]), lookup(ids[:10]).sum(dim=1)) and seen == [10]

@@ -7,7 +7,8 @@
   through the stream runtime (``_embed_streams(ids, aux)``; CUDA-graphed on decode steps), the
   backbone's forward, ``compute_logits`` runs the heads and the sampling (``_heads(hidden)``;
   CUDA-graphed too). A family's model supplies those two functions, its layers and its weights;
-* ``AudioCodebookEmbedding``: K codebook tables in one, summed per position.
+* ``AudioCodebookEmbedding``: K codebook tables in one, summed per position; ``summed_embeddings``
+  sums a prefill's rows a bounded number at a time.
 """
 
 from __future__ import annotations
@@ -216,17 +217,26 @@ class AudioCodebookEmbedding(nn.Module):
         offsets = torch.arange(num_codebooks, device=self.embed_audio_tokens.weight.device) * vocab
         self.register_buffer("offsets", offsets, persistent=False)
 
-    # Rows embedded at once: the lookup makes [rows, K, H] before the sum, K times the output.
-    # A prefill of 16,384 tokens made Higgs 3B's 768 MiB at once (K = 8, H = 3,072), and ran an
-    # H100 out of memory beside its codec (forty-third session); 1,024 rows take 48 MiB. (This
-    # runs eagerly, before vLLM's graphs, so the loop over a prefill's rows costs no capture.)
-    ROWS = 1024
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[0] <= self.ROWS:
-            return self.embed_audio_tokens(tokens + self.offsets).sum(dim=1)
-        out = self.embed_audio_tokens.weight.new_empty(tokens.shape[0], self.embed_audio_tokens.embedding_dim)
-        for start in range(0, tokens.shape[0], self.ROWS):
-            rows = tokens[start : start + self.ROWS]
-            out[start : start + rows.shape[0]] = self.embed_audio_tokens(rows + self.offsets).sum(dim=1)
-        return out
+        return summed_embeddings(self.embed_audio_tokens, tokens + self.offsets)
+
+
+# Rows embedded at once by ``summed_embeddings``: the lookup makes [rows, K, H] before the sum,
+# K times its output. A prefill of 16,384 tokens made Higgs 3B's 768 MiB at once (K = 8,
+# H = 3,072) and ran an H100 out of memory beside its codec (forty-third session); 1,024 rows
+# take 48 MiB. vLLM's start-up profile never sees this: its dummy run of a multimodal model
+# passes its own inputs_embeds buffer and does not call embed_input_ids.
+SUMMED_ROWS = 1024
+
+
+def summed_embeddings(table: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """``table(ids).sum(dim=1)``, [n, K] ids -> [n, H], at most ``SUMMED_ROWS`` rows at a time
+    (the same numbers). For ``embed_input_ids``, which runs eagerly (a decode step's is replayed
+    from a CUDA graph of its bucket's size): the loop over a prefill's rows costs no capture."""
+    if ids.shape[0] <= SUMMED_ROWS:
+        return table(ids).sum(dim=1)
+    out = table.weight.new_empty(ids.shape[0], table.embedding_dim)
+    for start in range(0, ids.shape[0], SUMMED_ROWS):
+        rows = ids[start : start + SUMMED_ROWS]
+        out[start : start + rows.shape[0]] = table(rows).sum(dim=1)
+    return out

@@ -24,7 +24,13 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from speechctl.engine.streams import StreamSpec
-from speechctl.models.stream_model import CodesDummyInputsBuilder, CodesProcessingInfo, CodesProcessor, StreamModel
+from speechctl.models.stream_model import (
+    CodesDummyInputsBuilder,
+    CodesProcessingInfo,
+    CodesProcessor,
+    StreamModel,
+    summed_embeddings,
+)
 
 
 def _backbone_class(model_type: str):
@@ -78,7 +84,7 @@ class MultiStreamForCausalLM(StreamModel):
     def _embed_streams(self, primary: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
         """primary [n], aux [n, K] -> [n, H]: sum of the K+1 stream embeddings."""
         emb = self.model.embed_input_ids(primary)
-        return emb + self.audio_embed(aux + self.stream_offsets).sum(dim=1)
+        return emb + summed_embeddings(self.audio_embed, aux + self.stream_offsets)
 
     def embed_multimodal(self, **kwargs: object) -> list[torch.Tensor]:
         out = []
