@@ -138,7 +138,7 @@ class InputState:
     attempts: list = field(default_factory=list)  # per window: temperature index in flight
     error: str | None = None
     restarts: dict = field(default_factory=dict)  # window -> beam groups decoded again
-    serial: int = -1  # the driver's number for the input (its windows' encoder outputs are kept by it)
+    serial: int = -1  # the driver's number for the input (its windows' renderings are keyed by it)
 
     def __post_init__(self):
         n = len(self.windows)
