@@ -5,7 +5,13 @@ exceeds GPU time, the step waits on the host.
 
     python3 benchmarks/step_split.py --system plain --shape higgs-3b --concurrency 64,256 --out $OUT
     python3 benchmarks/step_split.py --system speechctl --shape higgs-3b --concurrency 64,256 --out $OUT
+    python3 benchmarks/step_split.py --system higgs --concurrency 64 --phases measure --kernels 40 --out $OUT
 
+``--system higgs`` runs the real Higgs Audio v2 3B (DualFFN, vocab 128,256, random weights; the
+families bench's checkpoint) on the same workload; ``--shape`` is then ignored. ``--kernels N``
+adds each measured row's top N GPU kernels (summed time and launches per step): put beside
+the generic shape's, they name what the real architecture's step spends more on (issue 21,
+item 2's gap at c = 64).
 One system per process (each engine gets the whole GPU); each writes step-<system>-<shape>.json.
 ``--timeline FRAMES`` also records every step of one whole fixed-length run, as the
 throughput bench times it: admission and prefill, steady decode and the tail, step by step.
@@ -21,6 +27,7 @@ import pstats
 import tempfile
 import time
 from pathlib import Path
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -74,15 +81,21 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
 
 
-def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
+def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, real_higgs: bool = False):
     from speechctl.engine.engine import SpeechEngine
-    from speechctl.models.generic.prompts import MultiStreamPrompts
     from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
-    path = create_multistream_checkpoint(tmp / "m", recipe)
-    engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=recipe.dtype,
-                                             load_format="auto" if recipe.weights else "dummy", **overrides))
-    prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
+    if real_higgs:
+        from speechctl.bench.families import FAMILIES
+
+        path, dtype = FAMILIES["higgs_audio_v2"][0](tmp, "full")
+        load_format = "dummy"
+    else:
+        path, dtype = create_multistream_checkpoint(tmp / "m", recipe), recipe.dtype
+        load_format = "auto" if recipe.weights else "dummy"
+    engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=dtype,
+                                             load_format=load_format, **overrides))
+    prompts = engine.prompt_builder()
     tags = []
 
     def submit(count: int, frames: int = 400) -> None:
@@ -142,7 +155,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(step, submit, drain, count: int, host_profile=None) -> dict:
+def top_kernels(prof, steps: int, n: int) -> list[dict]:
+    """The ``n`` GPU kernels with the most summed time: µs and launches per step."""
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return [{"kernel": e.key[:160], "us_per_step": round(e.self_device_time_total / steps, 1),
+             "launches_per_step": round(e.count / steps, 2)} for e in kernels[:n]]
+
+
+def measure(step, submit, drain, count: int, host_profile=None, kernels: int = 0) -> dict:
     submit(count)
     for _ in range(WARM):  # admission, prefill, warm decode
         step()
@@ -165,13 +186,17 @@ def measure(step, submit, drain, count: int, host_profile=None) -> dict:
     gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
     drain()
     gpu_ms = gpu_us / PROFILED / 1e3
-    return {"concurrency": count, "wall_ms_per_step": round(wall_ms, 3), "gpu_ms_per_step": round(gpu_ms, 3),
-            "gpu_busy": round(gpu_ms / wall_ms, 3), "rows_per_s": round(count / wall_ms * 1e3, 1)}
+    row = {"concurrency": count, "wall_ms_per_step": round(wall_ms, 3), "gpu_ms_per_step": round(gpu_ms, 3),
+           "gpu_busy": round(gpu_ms / wall_ms, 3), "rows_per_s": round(count / wall_ms * 1e3, 1)}
+    if kernels:
+        row["kernels"] = top_kernels(prof, PROFILED, kernels)
+    return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--system", choices=["plain", "speechctl"], required=True)
+    ap.add_argument("--system", choices=["plain", "speechctl", "higgs"], required=True,
+                    help="higgs: speechctl on the real Higgs Audio v2 3B (--shape ignored)")
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     ap.add_argument("--concurrency", default="64,256")
     ap.add_argument("--out", default="out")
@@ -184,10 +209,15 @@ def main() -> None:
                          "e.g. timeline,measure,timeline to see whether a process's steps change with its history")
     ap.add_argument("--host-profile", action="store_true",
                     help="cProfile steady steps of each phase (after its clock) and write the top functions by own and by cumulative time")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="record each measured row's top N GPU kernels (time and launches per step)")
     args = ap.parse_args()
+    if args.system == "higgs":
+        args.shape = "higgs-3b"  # the backbone's size, for the file name; the checkpoint is the real architecture
     overrides = {} if args.max_num_batched_tokens is None else {"max_num_batched_tokens": args.max_num_batched_tokens}
     levels = [int(c) for c in args.concurrency.split(",")]
-    make = plain_engine if args.system == "plain" else speechctl_engine
+    make = {"plain": plain_engine, "speechctl": speechctl_engine,
+            "higgs": partial(speechctl_engine, real_higgs=True)}[args.system]
     rows, timelines, host_profiles = [], [], {}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -198,8 +228,10 @@ def main() -> None:
             for count in levels:
                 prof = host_profiles.setdefault(f"{index}-{phase}-c{count}", cProfile.Profile()) if args.host_profile else None
                 if phase == "measure":
-                    rows.append({"phase": index, **measure(system.step, system.submit, system.drain, count, prof)})
-                    print(args.system, rows[-1], flush=True)
+                    rows.append({"phase": index, **measure(system.step, system.submit, system.drain, count, prof, args.kernels)})
+                    print(args.system, {k: v for k, v in rows[-1].items() if k != "kernels"}, flush=True)
+                    for k in rows[-1].get("kernels", [])[:15]:
+                        print(f"  {k['us_per_step']:8.1f} us {k['launches_per_step']:6.2f}x  {k['kernel'][:110]}", flush=True)
                 elif args.timeline and system.run_all is not None:
                     timelines.append({"phase": index, **timeline(system.submit, system.run_all, count, args.timeline, prof)})
                     print("timeline", {k: v for k, v in timelines[-1].items() if not k.endswith("per_step") and k != "step_ms"}, flush=True)
@@ -212,7 +244,7 @@ def main() -> None:
         (out / f"host-{args.system}-{key}.txt").write_text(text.getvalue())
     name = f"step-{args.system}-{args.shape}" + (f"-tokens{args.max_num_batched_tokens}" if overrides else "")
     (out / f"{name}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "engine_overrides": overrides,
-                                                 "environment": environment(speechctl=args.system == "speechctl"), "rows": rows, "timelines": timelines}, indent=1))
+                                                 "environment": environment(speechctl=args.system != "plain"), "rows": rows, "timelines": timelines}, indent=1))
 
 
 if __name__ == "__main__":

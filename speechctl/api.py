@@ -118,19 +118,22 @@ class Speech:
         while failed:
             yield failed.popleft()
 
-    def stream_tts(self, jobs: Iterable[TtsJob] | str, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32, **options) -> Iterator[TtsChunk]:
+    def stream_tts(self, jobs: Iterable[TtsJob] | str, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
+                   first_lookahead: int | None = None, **options) -> Iterator[TtsChunk]:
         """Stream TTS: yield ``TtsChunk``s as the codec decodes them, while the audio is still
         being generated (jobs batched together; a string is one job with ``options``). A job's
         chunks concatenate to its ``run`` result (same codes; samples equal up to float rounding).
-        Chunks are ``first_chunk`` frames, then ``growth`` times larger up to ``max_chunk``; see
-        ``speechctl.codecs.streaming``."""
+        Chunks are ``first_chunk`` frames, then ``growth`` times larger up to ``max_chunk``;
+        ``first_lookahead`` frames past the first chunk let it go early and inexact (None: exact);
+        see ``speechctl.codecs.streaming``."""
         from speechctl.pipeline.streamer import SpeechStreamer
 
         if self.replicas:
             raise EngineError("streaming runs on one engine: use data_parallel_size 1")
         if isinstance(jobs, str):
             jobs = [TtsJob(id="text", text=jobs, **options)]
-        streamer = SpeechStreamer(self, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
+        streamer = SpeechStreamer(self, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk,
+                                  first_lookahead=first_lookahead)
         for job in jobs:
             streamer.submit(job)
         try:

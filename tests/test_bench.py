@@ -178,7 +178,8 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     monkeypatch.setattr("speechctl.codecs.base.StepGraphs", CpuGraphs)
     speech.codec.use_decode_graphs()
     try:
-        result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None, eager_codec_rates=(0.8,))
+        result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None, eager_codec_rates=(0.8,),
+                                    lookahead_rates=(0.8,), first_lookahead=1)
         guides = speech.checkpoint.family.cfg is not None
         assert result["codec_decode_context"] == list(speech.codec.decode_context)
         assert speech.codec.decode_graphs is None  # eager for the last round
@@ -197,6 +198,13 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     assert row["streamed_ttfa_p95_ms"] <= row["e2e_p95_ms"]
     # a streamed request's first chunk (2 frames) waits for the codec's right context past it
     assert row["streamed_steps_to_audio_p50"] >= 2 + result["codec_decode_context"][1]
+    # ... and, the same arrivals again with 1 frame of lookahead, that many steps sooner
+    right = result["codec_decode_context"][1]
+    early = result["first_lookahead"]
+    assert (early["frames"], early["exact_frames"]) == (1, right)
+    (early_row,) = early["results"]
+    assert (early_row["load"], early_row["audio_s"]) == (0.8, row["audio_s"])
+    assert early_row["first_chunk_planned_steps_p50"] == row["first_chunk_planned_steps_p50"] - (right - 1)
     # ... planned in the step that hands it out where the codec decodes in the step (the CPU)
     assert row["first_chunk_planned_steps_p50"] == row["streamed_steps_to_audio_p50"]
     assert row["first_chunk_planned_steps_p95"] == row["streamed_steps_to_audio_p95"]

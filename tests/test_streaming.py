@@ -82,6 +82,41 @@ def test_chunks_start_small_grow_and_wait_for_the_right_context(codec):
     assert done + len(tail[-1].audio) // codec.hop_length == 60
 
 
+@pytest.mark.parametrize("lookahead", [0, 1])
+def test_a_shorter_first_lookahead_sends_the_first_chunk_early_and_only_it_inexact(codec, lookahead):
+    """``first_lookahead``: the first chunk goes once ``first_chunk + lookahead`` frames exist,
+    decoded from just those (what the one-shot decode of that prefix gives); every later chunk
+    waits for the whole right context and equals the one-shot decode of the request."""
+    from speechctl.codecs.streaming import StreamingDecoder
+
+    right = codec.decode_context[1]
+    assert lookahead < right
+    decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=8, first_lookahead=lookahead)
+    assert not decoder.exact and StreamingDecoder(codec, first_lookahead=right + 3).exact
+    codes = np.random.default_rng(5).integers(0, codec.codebook_size, (codec.num_codebooks, 40))
+    (whole,) = codec.decode([codes])
+    chunks, emitted_at = [], []
+    for t in range(40):
+        for chunk in decoder.push("a", codes[:, t : t + 1]):
+            chunks.append(chunk)
+            emitted_at.append(t + 1)
+    chunks += decoder.finish("a")
+    hop = codec.hop_length
+    assert emitted_at[0] == 2 + lookahead and len(chunks[0].audio) == 2 * hop
+    (prefix,) = codec.decode([codes[:, : 2 + lookahead]])
+    np.testing.assert_allclose(chunks[0].audio, prefix[: 2 * hop], rtol=0, atol=TOLERANCE)
+    # not the exact chunk (the tiny codec's random weights reach little past 1 frame: a few 1e-6)
+    assert np.abs(chunks[0].audio - whole[: 2 * hop]).max() > 3 * TOLERANCE
+    done = 2
+    for pushed, chunk in zip(emitted_at[1:], chunks[1:]):  # the rest waits for the right context
+        done += len(chunk.audio) // hop
+        assert chunk.last or pushed >= done + right
+    rest = np.concatenate([c.audio for c in chunks[1:]])
+    np.testing.assert_allclose(rest, whole[2 * hop :], rtol=0, atol=TOLERANCE)
+    assert sorted({2 + lookahead} | set(StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=8).window_lengths())
+                  - {2 + right}) == decoder.window_lengths()
+
+
 @pytest.mark.parametrize("frames", [1, 20, 97, 140])
 def test_a_request_fed_a_frame_a_step_meets_only_the_window_lengths_its_decoder_lists(codec, frames):
     """The codec's decode graphs are recorded for ``window_lengths`` (its first chunks', the full

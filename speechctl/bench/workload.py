@@ -68,13 +68,15 @@ def fixed_length(speech, job: TtsJob):
     return replace(request, min_frames=request.max_frames)
 
 
-def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = FIRST_CHUNK) -> tuple[dict, dict]:
+def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = FIRST_CHUNK,
+          first_lookahead: int | None = None) -> tuple[dict, dict]:
     """Submit each job at its arrival time (seconds from now) and step the engine until all are
     done; per job: arrival, first audio, last audio (times from the start), audio seconds; and
-    where the steps' time went (``SpeechStreamer.seconds``)."""
+    where the steps' time went (``SpeechStreamer.seconds``). ``first_lookahead``: the streamed
+    requests' first chunks wait for that many frames past them (None: exact chunks)."""
     from speechctl.pipeline.streamer import SpeechStreamer
 
-    streamer = SpeechStreamer(speech, first_chunk=first_chunk)
+    streamer = SpeechStreamer(speech, first_chunk=first_chunk, first_lookahead=first_lookahead)
     graphs_before = speech.codec.decode_graphs_recorded
     start = time.perf_counter()
     pending = sorted(zip(arrivals, range(len(jobs))))
@@ -186,12 +188,15 @@ def _memory(speech) -> dict | None:
 
 
 def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 64, seed: int = 0, log=print,
-                       partial=None, eager_codec_rates=()) -> dict:
+                       partial=None, eager_codec_rates=(), lookahead_rates=(), first_lookahead: int = 4) -> dict:
     """``rates``: fractions of the saturated request rate. ``speech``: a loaded ``Speech``.
     ``partial(result)`` is called after the saturated run and after every rate (a run cut short
-    by a time limit still leaves what it measured). ``eager_codec_rates``: loads run again at
-    the end, the same arrivals, with the codec decoding eagerly (``eager_codec``: what its CUDA
-    graphs are worth, side by side; nothing where it has none)."""
+    by a time limit still leaves what it measured). ``lookahead_rates``: loads run again, the
+    same arrivals, with the first chunk waiting for ``first_lookahead`` frames past it instead
+    of the codec's whole right context (``first_lookahead``: the inexact first chunk's TTFA side
+    by side with the exact one's). ``eager_codec_rates``: loads run again at the end, the same
+    arrivals, with the codec decoding eagerly (``eager_codec``: what its CUDA graphs are worth,
+    side by side; nothing where it has none)."""
     from speechctl.bench.report import environment
 
     cfg = speech.checkpoint.family.cfg is not None
@@ -203,8 +208,10 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     drive(speech, warm, [0.0] * len(warm))
     # the codec's graphs of every batch size (the streamer records those up to 64 rows) and
     # length, so that a saturated round's large batches do not record theirs in it
-    speech.codec.record_decode_graphs(StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK).window_lengths(),
-                                      most_rows=1 << 20, padded=True)
+    for lookahead in {None, first_lookahead if lookahead_rates else None}:
+        speech.codec.record_decode_graphs(StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK,
+                                                           first_lookahead=lookahead).window_lengths(),
+                                          most_rows=1 << 20, padded=True)
     memory = _memory(speech)  # before the timed runs: a run that ran out reads by it (the log has it)
     log(f"memory: {memory}")
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
@@ -249,15 +256,24 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
 
     counted()
 
-    def at_load(fraction: float) -> dict:
+    def at_load(fraction: float, first_lookahead: int | None = None) -> dict:
         offered = fraction * saturated_rate
         arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
-        return {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(drive(speech, jobs, arrivals))}
+        driven = drive(speech, jobs, arrivals, first_lookahead=first_lookahead)
+        return {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(driven)}
 
     for fraction in rates:
         rows.append(at_load(fraction))
         log(f"load {fraction:.2f}: {described(rows[-1])}")
         counted()
+    if lookahead_rates:
+        right = speech.codec.decode_context[1]
+        result["first_lookahead"] = {"frames": min(first_lookahead, right), "exact_frames": right, "results": []}
+        for fraction in lookahead_rates:
+            result["first_lookahead"]["results"].append(at_load(fraction, first_lookahead))
+            log(f"load {fraction:.2f}, first chunk {first_lookahead} frames of lookahead (of {right}): "
+                f"{described(result['first_lookahead']['results'][-1])}")
+            counted()
     if eager_codec_rates and speech.codec.decode_graphs is not None:
         speech.codec.decode_eagerly()
         result["eager_codec"] = []
@@ -286,6 +302,10 @@ def plot_workload(result: dict, path) -> None:
                               ("e2e_p50_ms", "o--", "end-to-end p50"), ("e2e_p95_ms", "s--", "end-to-end p95")):
         if all(r.get(key) is not None for r in rows):  # results from before the streamed split lack it
             right.plot(load, [r[key] for r in rows], style, label=label)
+    early = (result.get("first_lookahead") or {}).get("results") or []
+    if early:
+        right.plot([r["load"] for r in early], [r["streamed_ttfa_p95_ms"] for r in early], "d-.",
+                   label=f"streamed TTFA p95, first lookahead {result['first_lookahead']['frames']}")
     eager = result.get("eager_codec") or []
     if eager:
         right.plot([r["load"] for r in eager], [r["streamed_ttfa_p95_ms"] for r in eager], "x-.", label="streamed TTFA p95, codec eager")

@@ -21,6 +21,8 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--workload", is_flag=True, help="Latency under load: Poisson arrivals of mixed requests at several fractions of saturation.")
 @click.option("--rates", default="0.3,0.5,0.7,0.9,1.2", show_default=True, help="--workload: offered loads, as fractions of the saturated rate.")
 @click.option("--eager-codec-rates", default="", help="--workload: these loads again at the end with the codec decoding eagerly (no CUDA graphs), side by side in the run (the loads before them decode in graphs unless SPEECHCTL_CODEC_GRAPHS=0).")
+@click.option("--lookahead-rates", default="", help="--workload: these loads again with the first chunk waiting for --first-lookahead frames past it, not the codec's whole right context (an earlier, inexact first chunk), side by side in the run.")
+@click.option("--first-lookahead", type=click.IntRange(0), default=4, show_default=True, help="--workload: the first chunk's lookahead in the --lookahead-rates rounds.")
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
 @click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
 @click.option("--random-weights", is_flag=True, help="--workload, --stream with --model: vLLM draws the model's weights at random (speed does not depend on their values), whatever the checkpoint holds; its codec is read from it. A checkpoint without weight files runs so anyway.")
@@ -44,7 +46,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, requests, model, random_weights, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahead_rates, first_lookahead, requests, model, random_weights, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
     plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
@@ -85,7 +87,9 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, request
         try:
             result = run_workload_bench(speech, [float(x) for x in rates.split(",")], requests,
                                         log=lambda line: click.echo(line, err=True), partial=save,
-                                        eager_codec_rates=[float(x) for x in eager_codec_rates.split(",") if x.strip()])
+                                        eager_codec_rates=[float(x) for x in eager_codec_rates.split(",") if x.strip()],
+                                        lookahead_rates=[float(x) for x in lookahead_rates.split(",") if x.strip()],
+                                        first_lookahead=first_lookahead)
         finally:
             speech.close()
         save(result)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import click
 
-from speechctl.cli.options import engine_options, sampling_options, user_errors
+from speechctl.cli.options import FIRST_LOOKAHEAD_HELP, engine_options, sampling_options, user_errors
 
 
 @click.command("chat")
@@ -22,10 +22,11 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @click.option("--turns", type=click.IntRange(1), default=None, help="Live: stop after this many answered turns.")
 @click.option("--max-seconds", type=click.FloatRange(0, min_open=True), default=10.0, show_default=True, help="Longest audio per phrase.")
 @click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="Frames in the first audio chunk of each phrase.")
+@click.option("--first-lookahead", type=click.IntRange(0, 64), default=None, help=FIRST_LOOKAHEAD_HELP)
 @sampling_options
 @engine_options
 @user_errors
-def command(input_path, output_path, mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, vad_threshold, silence_ms, min_speech_ms, no_barge_in, turns, max_seconds, first_chunk, sampling, engine):
+def command(input_path, output_path, mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, vad_threshold, silence_ms, min_speech_ms, no_barge_in, turns, max_seconds, first_chunk, first_lookahead, sampling, engine):
     """Talk with a speech pipeline: microphone -> ASR -> response LM -> TTS -> speaker, live.
 
     Speak; a pause of --silence-ms ends your turn and the reply plays while it is still being
@@ -44,14 +45,15 @@ def command(input_path, output_path, mode, lm_model, asr_model, max_reply_tokens
         resolve_audio_format(output_path)  # a bad extension or place fails before any model loads
         check_writable(output_path)
     vad = VadConfig(threshold_db=vad_threshold, silence_ms=silence_ms, min_speech_ms=min_speech_ms)
-    config = _chat_config(mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, max_seconds, first_chunk, sampling)
+    config = _chat_config(mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, max_seconds,
+                          dict(first_chunk=first_chunk, first_lookahead=first_lookahead), sampling)
     if input_path:
         _one_turn(input_path, output_path, config, vad, engine)
     else:
         _live(config, vad, not no_barge_in, turns, engine)
 
 
-def _chat_config(mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, max_seconds, first_chunk, sampling):
+def _chat_config(mode, lm_model, asr_model, max_reply_tokens, lm_temperature, system, reply, max_seconds, chunking, sampling):
     from speechctl.pipeline.build import ChatConfig
     from speechctl.pipeline.lm import LmConfig
 
@@ -59,7 +61,7 @@ def _chat_config(mode, lm_model, asr_model, max_reply_tokens, lm_temperature, sy
     if system is not None:
         lm.system = system or None
     options = {**sampling.job_options(), "max_seconds": max_seconds}
-    return ChatConfig(mode=mode, asr_model=asr_model, lm_model=lm_model, lm=lm, tts_options=options, reply_in_audio=reply == "audio", first_chunk=first_chunk)
+    return ChatConfig(mode=mode, asr_model=asr_model, lm_model=lm_model, lm=lm, tts_options=options, reply_in_audio=reply == "audio", **chunking)
 
 
 def _pipeline(config, engine):

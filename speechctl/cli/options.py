@@ -12,6 +12,10 @@ from speechctl import voices
 from speechctl.errors import InputError, SpeechctlError
 
 
+FIRST_LOOKAHEAD_HELP = ("Frames of the codec's right context the first chunk waits for: fewer gives earlier first "
+                        "audio whose last samples are not final (default: all of it, every sample exact; docs/usage.md).")
+
+
 def quiet_libraries(verbose: bool) -> None:
     """vLLM and transformers log a lot at INFO; users see warnings only unless --verbose."""
     import logging

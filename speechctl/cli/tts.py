@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from speechctl.cli.options import engine_options, sampling_options, user_errors
+from speechctl.cli.options import FIRST_LOOKAHEAD_HELP, engine_options, sampling_options, user_errors
 
 
 @click.command("tts")
@@ -13,6 +13,7 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @click.option("--stream", is_flag=True, help="Emit audio chunk by chunk while it is generated (to the speaker without -o).")
 @click.option("--raw", is_flag=True, help="With --stream -o -: raw 16-bit PCM (s16le, mono), no wav header.")
 @click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="With --stream: frames in the first chunk (later chunks double, up to 32).")
+@click.option("--first-lookahead", type=click.IntRange(0, 64), default=None, help="With --stream: f" + FIRST_LOOKAHEAD_HELP[1:])
 @click.option("--voice", metavar="WAV", help="Reference audio of the voice to use.")
 @click.option("--voice-text", metavar="TEXT", help="What the --voice recording says (Higgs Audio v2 prompts use it).")
 @click.option("--codes-out", metavar="FILE.npy", help="Also write the generated codes [K, T] (numpy .npy), to compare with a reference.")
@@ -26,7 +27,7 @@ from speechctl.cli.options import engine_options, sampling_options, user_errors
 @engine_options
 @user_errors
 def command(text, output, voice, voice_text, codes_out, repetition_window, repetition_max, fmt, max_seconds, stream, raw,
-            first_chunk, sampling, engine):
+            first_chunk, first_lookahead, sampling, engine):
     """Speak TEXT (or - to read it from stdin) and write the audio to FILE, or stream it."""
     from speechctl.audio import check_writable, read_audio, resolve_audio_format, write_audio
     from speechctl.errors import InputError
@@ -47,12 +48,15 @@ def command(text, output, voice, voice_text, codes_out, repetition_window, repet
         extras["repetition"] = _repetition(repetition_window, repetition_max)
     if output is not None:
         check_writable(output)  # before the model loads
+    if first_lookahead is not None and not stream:
+        raise InputError("--first-lookahead is for streaming (--stream)")
     if codes_out is not None:
         if stream:
             raise InputError("--codes-out is for one-shot synthesis (without --stream)")
         check_writable(codes_out)
     if stream:
-        return _stream(text, output, voice, extras, fmt, max_seconds, raw, first_chunk, sampling, engine)
+        chunking = dict(first_chunk=first_chunk, first_lookahead=first_lookahead)
+        return _stream(text, output, voice, extras, fmt, max_seconds, raw, chunking, sampling, engine)
     fmt = resolve_audio_format(output, fmt)
     voice_wav = read_audio(voice, engine.sample_rate()) if voice else None  # before the model loads
     speech = engine.speech()
@@ -69,7 +73,7 @@ def command(text, output, voice, voice_text, codes_out, repetition_window, repet
         click.echo(f"{output}: {result.duration:.2f} s of audio at {result.sample_rate} Hz", err=True)
 
 
-def _stream(text, output, voice, extras, fmt, max_seconds, raw, first_chunk, sampling, engine):
+def _stream(text, output, voice, extras, fmt, max_seconds, raw, chunking, sampling, engine):
     """Chunks go out as the codec decodes them (speechctl.api.Speech.stream_tts)."""
     import time
 
@@ -87,7 +91,7 @@ def _stream(text, output, voice, extras, fmt, max_seconds, raw, first_chunk, sam
         started = time.perf_counter()
         options = dict(voice=voice_wav, max_seconds=max_seconds, **extras,
                        **sampling.job_options(defaults=speech.checkpoint.defaults))
-        for chunk in speech.stream_tts(text, first_chunk=first_chunk, **options):
+        for chunk in speech.stream_tts(text, **chunking, **options):
             if chunk.error:
                 raise EngineError(chunk.error)
             sink.write(chunk.audio)

@@ -20,6 +20,15 @@ Every emitted sample is final: concatenating a request's chunks gives its one-sh
   a request's first few have one length, which decode graphs replay (``Codec.use_decode_graphs``).
 * Chunk sizes grow: ``first_chunk`` frames first (low latency to the first audio), then
   ``growth`` times the previous one up to ``max_chunk`` (fewer, larger decoder calls).
+* ``first_lookahead`` (opt-in; default the whole right context) lets the first chunk go with
+  fewer frames after it: the one place where emitted samples are not final. A trained decoder's
+  receptive field is wider than what moves its output: on held-out speech, the default voice's
+  codec (right context 9 frames) gives the first 2 frames within 44 dB (5th percentile) of the
+  exact ones at 4 frames of lookahead, and below 16-bit PCM's step at 7; at 2 frames the median
+  is 24 dB (``recipes/voice/first_lookahead.py``, docs/usage.md). Each frame of lookahead saved
+  is a decode step less before the first audio, which under load is most of the time to first
+  audio (docs/benchmarks/throughput.md, issue 21 item 6). Later chunks are
+  exact, so the error stays in the first chunk's last samples.
 * All windows that are ready in one step, of all requests, go to the codec in one batched
   ``codec.decode`` call (exact batching, see ``run_exact_batched``): that is what makes a GPU
   codec keep up with many streams.
@@ -95,22 +104,31 @@ class StreamingDecoder:
         first_chunk: frames in a request's first chunk (1-4 keeps the first audio early).
         growth: each next chunk is ``growth`` times the previous one ...
         max_chunk: ... up to this many frames.
+        first_lookahead: frames the first chunk waits for past its end (None: the codec's right
+            context, every sample final; fewer: an earlier, inexact first chunk, see module doc).
     """
 
-    def __init__(self, codec: Codec, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32):
-        if first_chunk < 1 or max_chunk < first_chunk or growth < 1:
-            raise ValueError(f"bad chunking: first_chunk={first_chunk}, growth={growth}, max_chunk={max_chunk}")
+    def __init__(self, codec: Codec, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
+                 first_lookahead: int | None = None):
+        if first_chunk < 1 or max_chunk < first_chunk or growth < 1 or (first_lookahead or 0) < 0:
+            raise ValueError(f"bad chunking: first_chunk={first_chunk}, growth={growth}, max_chunk={max_chunk}, "
+                             f"first_lookahead={first_lookahead}")
         self.codec = codec
         self.first_chunk, self.growth, self.max_chunk = int(first_chunk), float(growth), int(max_chunk)
         self.left, self.right = codec.decode_context
+        self.first_right = self.right if first_lookahead is None else min(int(first_lookahead), self.right)
         self.steady = self.left + self.max_chunk + self.right  # frames of a full chunk's window
         self._streams: dict[Hashable, _Stream] = {}
         self.decode_calls = 0  # batched codec calls made (one per step with anything ready)
 
     @property
-    def lookahead(self) -> int:
-        """Frames that must exist past a chunk before it can be emitted (the right context)."""
-        return self.right
+    def exact(self) -> bool:
+        """Whether every emitted sample is the one-shot decode's (no shortened first lookahead)."""
+        return self.first_right == self.right
+
+    def _lookahead(self, emitted: int) -> int:
+        """Frames that must exist past a chunk that starts at frame ``emitted`` before it goes."""
+        return self.first_right if emitted == 0 else self.right
 
     def window_lengths(self) -> list[int]:
         """The frames of the windows a request's chunks are decoded in, from its first to the
@@ -121,13 +139,13 @@ class StreamingDecoder:
         if not bounded((self.left, self.right)):
             ends, end, size = [], 0, self.first_chunk
             for _ in range(4):
+                ends.append(end + size + self._lookahead(end))
                 end += size
-                ends.append(end + self.right)
                 size = min(self.max_chunk, math.ceil(size * self.growth))
             return ends
         lengths, emitted, size = {self.steady}, 0, self.first_chunk
         while not (size == self.max_chunk and emitted >= self.left):
-            lengths.add(emitted + size + self.right - max(0, emitted - self.left))
+            lengths.add(emitted + size + self._lookahead(emitted) - max(0, emitted - self.left))
             emitted, size = emitted + size, min(self.max_chunk, math.ceil(size * self.growth))
         return sorted(lengths)
 
@@ -165,12 +183,14 @@ class StreamingDecoder:
                 continue
             end = s.emitted
             size = s.next_chunk
-            while end + size + self.right <= s.frames:  # several chunks may be ready at once
+            lookahead = self._lookahead(end)
+            while end + size + self._lookahead(end) <= s.frames:  # several chunks may be ready at once
+                lookahead = self._lookahead(end)  # the window must reach past the last one's end
                 end += size
                 size = min(self.max_chunk, math.ceil(size * self.growth))
             if end > s.emitted:
                 start = max(0, s.emitted - self.left)
-                codes = s.window(start, end + self.right)  # a view: forgetting below keeps it
+                codes = s.window(start, end + lookahead)  # a view: forgetting below keeps it
                 plans.append(Plan(key, codes, s.emitted - start, end - s.emitted, s.emitted * hop, False))
                 s.next_chunk = size
                 s.emitted = end

@@ -31,11 +31,13 @@ class ChatConfig:
     first_chunk: int = 2
     growth: float = 2.0
     max_chunk: int = 32
+    first_lookahead: int | None = None  # None: every sample final (speechctl.codecs.streaming)
     asr_gpu_fraction: float = 0.1
 
     @property
     def chunking(self) -> dict:
-        return dict(first_chunk=self.first_chunk, growth=self.growth, max_chunk=self.max_chunk)
+        return dict(first_chunk=self.first_chunk, growth=self.growth, max_chunk=self.max_chunk,
+                    first_lookahead=self.first_lookahead)
 
 
 def load_asr_engine(model: str | None = None, gpu_fraction: float = 0.1):

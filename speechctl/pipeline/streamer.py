@@ -85,11 +85,13 @@ class SpeechStreamer:
     """Streaming TTS (and unified speech replies) on one ``Speech`` (see module doc)."""
 
     def __init__(self, speech, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
-                 decode_thread: bool | None = None):
-        """``decode_thread``: decode on the codec's worker thread (None: on CUDA only)."""
+                 first_lookahead: int | None = None, decode_thread: bool | None = None):
+        """``decode_thread``: decode on the codec's worker thread (None: on CUDA only). The
+        chunking arguments are ``StreamingDecoder``'s."""
         self.speech = speech
         self.engine = speech.engine
-        self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk)
+        self.decoder = StreamingDecoder(speech.codec, first_chunk=first_chunk, growth=growth, max_chunk=max_chunk,
+                                        first_lookahead=first_lookahead)
         # (CUDA) before a first chunk waits for one, or a one-shot request's audio for its length's
         speech.codec.record_decode_graphs(self.decoder.window_lengths(), padded=True)
         self._decodes = DecodeQueue(speech.codec, thread=decode_thread)
