@@ -138,6 +138,16 @@ def test_a_gpu_shared_with_another_process_gets_the_share_the_environment_gives(
     assert EngineConfig()._memory_fraction(on_gpu=False) == 0.3  # the CPU sizes its cache in bytes
     assert WhisperConfig().engine_args(tmp_path, on_gpu=True)["gpu_memory_utilization"] == 0.5
     assert "gpu_memory_utilization" not in WhisperConfig().engine_args(tmp_path, on_gpu=False)
+    # vLLM sizes one request's cross-attention by the step's encoder budget (CrossAttentionSpec:
+    # max_num_encoder_input_tokens, max_num_batched_tokens by default): the default cache must
+    # hold that plus one decoder context, few lanes on a GPU's 16,384-token budget included
+    from speechctl.asr.whisper import kv_bytes_per_window
+
+    per_position = kv_bytes_per_window(config, "float16") // (128 * (12 + 4))
+    for seqs in (1, 8, 64):
+        args = WhisperConfig(max_num_seqs=seqs, max_group=4).engine_args(tmp_path, on_gpu=True)
+        needed = (-(-args["max_num_batched_tokens"] // 128) + -(-448 // 128)) * 128 * per_position
+        assert args["kv_cache_memory_bytes"] >= needed, seqs
     for bad in ("half", "0", "1.5"):
         monkeypatch.setenv("SPEECHCTL_GPU_MEMORY", bad)
         with pytest.raises(InputError, match=f"SPEECHCTL_GPU_MEMORY='{bad}'"):

@@ -102,6 +102,12 @@ class WhisperConfig:
         if dtype == "auto" and not on_gpu:
             dtype = "float32"
         group_tokens = config["max_source_positions"] * self.max_group
+        batched = self.max_num_batched_tokens or (
+            max(16384, group_tokens, config["max_source_positions"] * self.max_num_seqs) if on_gpu else group_tokens)
+        # vLLM sizes one request's cross-attention by the encoder inputs one step may take
+        # (max_num_batched_tokens of them) and refuses to start unless the cache holds that
+        # much: on a GPU's larger budget, more windows than max_num_seqs (8 lanes fell short)
+        windows = max(self.max_num_seqs, self.max_group, -(-batched // config["max_source_positions"]))
         args = dict(
             model=str(model_dir),
             dtype=dtype,
@@ -112,9 +118,7 @@ class WhisperConfig:
             seed=self.seed,
             logits_processors=[WhisperDecoding],
             use_tqdm_on_load=False,
-            # vLLM sizes one request's cross-attention by the encoder inputs one step may take
-            # (max_group windows, below) and refuses to start unless the cache holds that much.
-            kv_cache_memory_bytes=self.kv_cache_bytes or kv_bytes_per_window(config, dtype) * max(self.max_num_seqs, self.max_group),
+            kv_cache_memory_bytes=self.kv_cache_bytes or kv_bytes_per_window(config, dtype) * windows,
             # A group's lanes are added between two steps and must all run in the next one.
             async_scheduling=False,
             # Each lane of a group is an encoder input to vLLM's scheduler (the encoder runs once):
@@ -123,8 +127,7 @@ class WhisperConfig:
             # (whole CUDA graphs) rather than ~10 lanes joining at each of many mixed steps.
             # (The CPU keeps the smaller budget: every lane at once was not faster there, beam 5
             # on 32 windows took 8.0-10.4 s either way, its steps being compute-bound.)
-            max_num_batched_tokens=self.max_num_batched_tokens or (
-                max(16384, group_tokens, config["max_source_positions"] * self.max_num_seqs) if on_gpu else group_tokens),
+            max_num_batched_tokens=batched,
         )
         share = self.gpu_memory_utilization or (gpu_memory_share() if on_gpu else None)
         if share is not None:  # else vLLM's default
@@ -187,6 +190,7 @@ class WhisperAsr:
             self.admit_share = GPU_ADMIT_SHARE if self.on_gpu else 0.0
         args = self.config.engine_args(engine_dir(self.model_dir), self.on_gpu)
         vllm_compat.keep_whisper_decoder_prompts()
+        vllm_compat.collect_dropped_engines()  # before vLLM's first look at free memory (see there)
         with vllm_compat.other_engines_keep_their_graphs():
             self._llm = LLM(**args)
         vllm_compat.track_engine(self._llm.llm_engine)

@@ -185,6 +185,7 @@ def offline_engine(engine_args):
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    collect_dropped_engines()  # before vLLM's first look at free memory (see there)
     with other_engines_keep_their_graphs():
         engine = LLMEngine.from_engine_args(engine_args, usage_context=UsageContext.LLM_CLASS)
     track_engine(engine)
@@ -214,7 +215,11 @@ def collect_dropped_engines() -> None:
     runner were collected, but its KV cache stayed allocated until ``torch._dynamo.reset()``
     (352 -> 96 MB for a tiny model with a 256 MB cache; ~119 GiB with vLLM's default share).
     Resetting would make a live engine's compiled functions compile again mid-run, so it runs once
-    no engine of this process is left."""
+    no engine of this process is left.
+
+    Also run before an engine starts: vLLM's start-up refuses ("free memory grew during
+    initialization") when memory is freed between its first snapshot and its profile, as a
+    dropped engine collected mid-start-up does (a Higgs CLI test on the H100, forty-second session)."""
     import torch
 
     was_frozen = gc.get_freeze_count() > 0
