@@ -97,6 +97,8 @@ def test_family_bench_times_the_generic_shape_first_on_the_same_settings():
     rows = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in result["rows"]}
     assert list(rows) == [("generic shape", 1), ("generic shape", 2), ("speechctl", 1), ("speechctl", 2)]
     assert result["generic"]["shape"]["shape"] == "tiny" and result["generic"]["startup_s"] > 0
+    # the generic shape's prompts as long as the family's (within one filler sentence): the same context
+    assert result["prompt_tokens"] <= result["generic"]["prompt_tokens"] < result["prompt_tokens"] + 20
     for c in (1, 2):
         assert result["vs_generic"][str(c)] == pytest.approx(rows["speechctl", c] / rows["generic shape", c], abs=1e-3)
 

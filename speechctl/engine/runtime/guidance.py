@@ -50,11 +50,14 @@ def find_pairs(table: SlotTable, slots: torch.Tensor, g_next: torch.Tensor, real
 
 def guide(table: SlotTable, pairing: Pairing, slots, logits, aux_logits, cfg_filter: bool):
     """(primary [R, V], auxiliary [R, K, Va]) logits -> the same with the guided streams merged on
-    the conditional rows of pairs; ``cfg_filter``: some live pair uses Dia's filter."""
+    the conditional rows of pairs; ``cfg_filter``: some live pair uses Dia's filter. Primary
+    logits None (no text head: the rules set the primary stream) stay None."""
     scale = table.cfg_scale[slots]
     top_k = table.cfg_top_k[slots]
-    out = []
+    out = [None] if logits is None else []
     for ls, on in ((logits, table.cfg_text[slots]), (aux_logits, table.cfg_audio[slots])):
+        if ls is None:
+            continue
         cond = ls.float()
         uncond = cond[pairing.partner_row]
         shape = (-1,) + (1,) * (cond.dim() - 1)

@@ -56,6 +56,7 @@ class FrameRules:
         self.end_frame = rules.eos_frame  # CSM: the audio ends with a frame of this code, not by EOS
         self.rules = rules
         self.stop_step = None if rules.stop_offset is None else pattern.max_delay + rules.eos_lag + rules.stop_offset
+        self.vocab_size = 0  # the primary logits' width where a model has no text head (StreamRuntime.ruled)
 
     def locate(self, table: SlotTable, slots: torch.Tensor, last_pos: torch.Tensor) -> RowStep:
         g_next = last_pos + 1 - table.prompt_len[slots]
@@ -114,10 +115,11 @@ class FrameRules:
         first_eos = step.in_audio[:, 0] & ~step.known[:, 0] & ended
         return torch.where(first_eos, step.a - self.lead_delay, frames)
 
-    def primary_logits(self, step: RowStep, logits: torch.Tensor, tokens: torch.Tensor, frames: torch.Tensor,
+    def primary_logits(self, step: RowStep, logits: torch.Tensor | None, tokens: torch.Tensor, frames: torch.Tensor,
                        allow_audio: torch.Tensor) -> torch.Tensor:
         """[R, V] primary logits with the primary stream's rules (module doc); ``frames`` from
-        ``frames_after``."""
+        ``frames_after``. ``logits`` None: the model has no text head and every row it samples
+        is audio (its prompts open the audio), so the logits are the ruled one-hot alone."""
         spec, pat = self.spec, self.spec.pattern
         ending = frames >= 0
         if self.stop_step is not None:  # Dia, MusicGen: a fixed step after the end
@@ -127,6 +129,9 @@ class FrameRules:
         else:  # CSM: a frame whose codebooks but the last all hold the end code is the last
             done = (tokens[:, :-1] == self.end_frame).all(dim=-1)
         ruled = torch.where(done, spec.audio_eos_id, torch.where(ending, spec.flush_id, spec.audio_id))
+        if logits is None:
+            neg = torch.finfo(torch.float32).min
+            return torch.full((ruled.shape[0], self.vocab_size), neg, device=ruled.device).scatter_(1, ruled[:, None], 0.0)
         in_audio = step.in_audio[:, 0]
         neg = torch.finfo(logits.dtype).min
         onehot = torch.full_like(logits, neg).scatter_(1, ruled[:, None], 0.0)

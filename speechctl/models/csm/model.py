@@ -94,14 +94,13 @@ class CsmForConditionalGeneration(StreamModel):
 
     def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Codebook 0 from ``lm_head``, 1..K-1 from the depth decoder, each sampled on the device;
-        the primary logits start empty (no text head) and the runtime makes them one-hot.
+        no text head: the runtime makes the primary logits one-hot on the ruled token.
         On CUDA the whole frame (backbone head, depth decoder, sampling) is one graph replay."""
         runtime = self.stream_runtime
         first = runtime.sample_codebook(self.lm_head(hidden_states), 0)
         depth_sampler = runtime.codebook_sampler(depth=True, streams=range(1, self.spec.num_codebooks))
         frame = self.depth_decoder.decode_frame(hidden_states, first, depth_sampler)
-        logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)
-        return runtime.sample(logits, tokens=frame)
+        return runtime.ruled(self.config.vocab_size, tokens=frame)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # transformers keeps the depth decoder's codebook table apart from the backbone's

@@ -172,11 +172,10 @@ class DiaForConditionalGeneration(EncoderDecoderModel):
         return self.decoder(aux, positions, encoder_states)
 
     def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Channel logits; the primary logits start empty and the runtime makes them one-hot."""
+        """Channel logits; the runtime makes the primary logits (no text head) one-hot on the ruled token."""
         K, V = self.spec.num_codebooks, self.spec.pattern.vocab_size
         aux_logits = self.logits_dense(hidden_states).view(-1, K, V)
-        logits = torch.zeros(hidden_states.shape[0], self.vocab_size, device=hidden_states.device)
-        return self.stream_runtime.sample(logits, aux_logits)
+        return self.stream_runtime.ruled(self.vocab_size, aux_logits)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())

@@ -85,9 +85,10 @@ def _(text, audio, is_audio, w13, w2):
 
 
 def audio_mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """One SiLU MLP of ``w13`` [2I, H] (gate; up) and ``w2`` [H, I], as dense GEMMs."""
-    gate, up = torch.nn.functional.linear(x, w13).chunk(2, dim=-1)
-    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2)
+    """One SiLU MLP of ``w13`` [2I, H] (gate; up) and ``w2`` [H, I], as dense GEMMs with vLLM's
+    fused SiLU-and-multiply between them (as its ``LlamaMLP``; inside this opaque op inductor
+    cannot fuse the two)."""
+    return torch.nn.functional.linear(vllm_compat.silu_and_mul(torch.nn.functional.linear(x, w13)), w2)
 
 
 def load_dual_weights(weights, layers, loaded: set[str]):

@@ -164,12 +164,11 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         return torch.where(is_audio[:, None], self.model.embed_audio_tokens(aux).to(text.dtype), text)
 
     def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Codebook logits from ``audio_lm_head``; the primary logits start empty (there is no
-        text head) and the stream runtime makes them one-hot on the ruled token."""
+        """Codebook logits from ``audio_lm_head``; there is no text head: the stream runtime
+        makes the primary logits one-hot on the ruled token."""
         K, V = self.spec.num_codebooks, self.spec.pattern.vocab_size
         aux_logits = self.audio_lm_head(hidden_states).view(-1, K, V)
-        logits = torch.zeros(hidden_states.shape[0], self.config.vocab_size, device=hidden_states.device)
-        return self.stream_runtime.sample(logits, aux_logits)
+        return self.stream_runtime.ruled(self.config.vocab_size, aux_logits)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # A checkpoint converted with use_text_head=True carries text_lm_head; generation never uses it.

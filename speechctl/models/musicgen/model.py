@@ -177,13 +177,12 @@ class MusicgenForConditionalGeneration(EncoderDecoderModel):
 
     def _heads(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Codebook logits, padded for BOS/PAD and the nominal EOS (which the rules mask; finite
-        here, so that CFG's difference of two padded rows is 0, not NaN); empty primary logits
-        that the runtime makes one-hot."""
+        here, so that CFG's difference of two padded rows is 0, not NaN); the runtime makes the
+        primary logits (no text head) one-hot on the ruled token."""
         K, Va = self.spec.num_codebooks, self.spec.pattern.vocab_size
         logits = self.lm_heads(hidden_states).view(-1, K, self.vocab_size).float()
         aux_logits = nn.functional.pad(logits, (0, Va - self.vocab_size), value=-1e30)
-        primary = torch.zeros(hidden_states.shape[0], self.vocab_size, device=hidden_states.device)
-        return self.stream_runtime.sample(primary, aux_logits)
+        return self.stream_runtime.ruled(self.vocab_size, aux_logits)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
