@@ -54,10 +54,20 @@ def device_bytes_total(device=0) -> int:
 
 def device_bytes_free(device=None) -> int:
     """Bytes of the GPU this process could still allocate: the driver's free memory and the
-    blocks this process's caching allocator holds unused."""
+    blocks this process's caching allocator holds unused in its default pool.
+
+    Not ``memory_reserved - memory_allocated``: that also counts the unused blocks of CUDA
+    graphs' private pools, which serve only captures into those pools. vLLM's graphs keep GiBs
+    there between captures, so beside an engine at its default share the codec believed it had
+    room, recorded decode graphs until one ran out of memory with 38 MiB free, and the engine's
+    next large step failed (H100, forty-fourth session)."""
     import torch
 
-    return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    index = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    index = index.index if index.index is not None else torch.cuda.current_device()
+    idle = sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
+               if segment.get("device", index) == index and tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0))
+    return torch.cuda.mem_get_info(device)[0] + idle
 
 
 def device_bytes_in_use(device=None) -> int:

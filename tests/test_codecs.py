@@ -632,9 +632,16 @@ def test_the_codec_leaves_an_engines_step_room_alone(dac_path, monkeypatch):
     smallest = fast._graphs.sizes[0]
     need = 1.25 * 1000.0 * (smallest * 16 + 64)  # the smallest graph of 16 frames beside the largest eager decode
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(need) + 1 - 4096, 80 << 30))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 10_000)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10_000 - 4096)
-    assert fast._free_bytes() == int(need) + 1  # the driver's free and the allocator's unused blocks
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    # the allocator's segments: 4,096 bytes unused in its default pool, and a CUDA graph pool's
+    # 1 GiB unused (it serves only that pool's captures, vLLM's: never the codec's), and another
+    # device's
+    segment = lambda device, pool, total, allocated: {"device": device, "segment_pool_id": pool,  # noqa: E731
+                                                      "total_size": total, "allocated_size": allocated}
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: [segment(0, (0, 0), 10_000, 10_000 - 4096),
+                                                                segment(0, (1, 3), 2 << 30, 1 << 30),
+                                                                segment(1, (0, 0), 1 << 30, 0)])
+    assert fast._free_bytes() == int(need) + 1  # the driver's free and the default pool's unused blocks
     fast.leave_free_bytes = 2048
     assert fast._free_bytes() == int(need) + 1 - 2048
     assert fast.record_decode_graphs([16], most_rows=2) == 0  # fits what is free, not beside the room
