@@ -26,8 +26,8 @@ import json
 import pstats
 import tempfile
 import time
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch

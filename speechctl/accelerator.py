@@ -63,8 +63,8 @@ def device_bytes_free(device=None) -> int:
     next large step failed (H100, forty-fourth session)."""
     import torch
 
-    index = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    index = index.index if index.index is not None else torch.cuda.current_device()
+    index = torch.device("cuda" if device is None else device).index
+    index = torch.cuda.current_device() if index is None else index
     idle = sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
                if segment.get("device", index) == index and tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0))
     return torch.cuda.mem_get_info(device)[0] + idle

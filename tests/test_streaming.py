@@ -92,7 +92,7 @@ def test_a_shorter_first_lookahead_sends_the_first_chunk_early_and_only_it_inexa
     right = codec.decode_context[1]
     assert lookahead < right
     decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=8, first_lookahead=lookahead)
-    assert not decoder.exact and StreamingDecoder(codec, first_lookahead=right + 3).exact
+    assert decoder.first_right == lookahead and StreamingDecoder(codec, first_lookahead=right + 3).first_right == right
     codes = np.random.default_rng(5).integers(0, codec.codebook_size, (codec.num_codebooks, 40))
     (whole,) = codec.decode([codes])
     chunks, emitted_at = [], []

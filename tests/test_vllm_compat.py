@@ -141,9 +141,7 @@ def test_a_gpu_shared_with_another_process_gets_the_share_the_environment_gives(
     # vLLM sizes one request's cross-attention by the step's encoder budget (CrossAttentionSpec:
     # max_num_encoder_input_tokens, max_num_batched_tokens by default): the default cache must
     # hold that plus one decoder context, few lanes on a GPU's 16,384-token budget included
-    from speechctl.asr.whisper import kv_bytes_per_window
-
-    per_position = kv_bytes_per_window(config, "float16") // (128 * (12 + 4))
+    per_position = 2 * config["decoder_layers"] * config["d_model"] * 2  # keys and values, float16
     for seqs in (1, 8, 64):
         args = WhisperConfig(max_num_seqs=seqs, max_group=4).engine_args(tmp_path, on_gpu=True)
         needed = (-(-args["max_num_batched_tokens"] // 128) + -(-448 // 128)) * 128 * per_position

@@ -35,6 +35,7 @@ from speechctl.errors import EngineError
 
 AUDIO_SAMPLING = Sampling(temperature=0.9, top_k=50)
 TEXT = "The quick brown fox jumps over the lazy dog, number {i}."
+FILLER = "Then it naps. "  # lengthens the generic shape's prompts to the family's (_generic_rows)
 
 
 def _higgs(tmp: Path, size: str, codec: bool = False):
@@ -227,9 +228,6 @@ def _generic_rows(shape: str, config, concurrencies, frames: int, repeats: int, 
         engine.shutdown()
     return {"shape": describe(shape), "startup_s": round(startup, 1), "rows": rows,
             "prompt_tokens": len(tts_requests(prompts, 1, 1, text)[0].prompt_ids)}
-
-
-FILLER = "Then it naps. "
 
 
 def tts_requests(prompts, count: int, frames: int, text: str = TEXT) -> list:

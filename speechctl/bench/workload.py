@@ -208,10 +208,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     drive(speech, warm, [0.0] * len(warm))
     # the codec's graphs of every batch size (the streamer records those up to 64 rows) and
     # length, so that a saturated round's large batches do not record theirs in it
-    for lookahead in {None, first_lookahead if lookahead_rates else None}:
-        speech.codec.record_decode_graphs(StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK,
-                                                           first_lookahead=lookahead).window_lengths(),
-                                          most_rows=1 << 20, padded=True)
+    early = StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, first_lookahead=first_lookahead)
+    for decoder in [StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK)] + ([early] if lookahead_rates else []):
+        speech.codec.record_decode_graphs(decoder.window_lengths(), most_rows=1 << 20, padded=True)
     memory = _memory(speech)  # before the timed runs: a run that ran out reads by it (the log has it)
     log(f"memory: {memory}")
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
@@ -267,11 +266,10 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         log(f"load {fraction:.2f}: {described(rows[-1])}")
         counted()
     if lookahead_rates:
-        right = speech.codec.decode_context[1]
-        result["first_lookahead"] = {"frames": min(first_lookahead, right), "exact_frames": right, "results": []}
+        result["first_lookahead"] = {"frames": early.first_right, "exact_frames": early.right, "results": []}
         for fraction in lookahead_rates:
             result["first_lookahead"]["results"].append(at_load(fraction, first_lookahead))
-            log(f"load {fraction:.2f}, first chunk {first_lookahead} frames of lookahead (of {right}): "
+            log(f"load {fraction:.2f}, first chunk {early.first_right} frames of lookahead (of {early.right}): "
                 f"{described(result['first_lookahead']['results'][-1])}")
             counted()
     if eager_codec_rates and speech.codec.decode_graphs is not None:

@@ -121,11 +121,6 @@ class StreamingDecoder:
         self._streams: dict[Hashable, _Stream] = {}
         self.decode_calls = 0  # batched codec calls made (one per step with anything ready)
 
-    @property
-    def exact(self) -> bool:
-        """Whether every emitted sample is the one-shot decode's (no shortened first lookahead)."""
-        return self.first_right == self.right
-
     def _lookahead(self, emitted: int) -> int:
         """Frames that must exist past a chunk that starts at frame ``emitted`` before it goes."""
         return self.first_right if emitted == 0 else self.right
