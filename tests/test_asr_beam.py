@@ -175,12 +175,18 @@ def test_beams_that_fall_out_of_step_are_decoded_again(asr, clips, beams):
     """A planner that thinks a step takes any number of encoder inputs (vLLM takes 8 here) adds
     groups that vLLM splits over two steps: those windows are decoded again, the planner learns,
     and the tokens are those of an undisturbed run."""
-    budgets = dict(asr.budgets)
+    from speechctl.engine import vllm_compat
+
+    # 8 lanes' inputs a step: the CPU's default; a GPU's takes every lane (40 here) at once
+    scheduler = vllm_compat.engine_scheduler(asr._engine)
+    budgets, taken = dict(asr.budgets), scheduler.max_num_encoder_input_tokens
+    scheduler.max_num_encoder_input_tokens = 8 * asr.encoder_positions
     asr.budgets["encoder_tokens"] = 10**9
     restarts = asr.stats["restarts"]
     try:
         again = decode(asr, clips)
     finally:
         asr.budgets.update(budgets)
+        scheduler.max_num_encoder_input_tokens = taken
     assert asr.stats["restarts"] > restarts
     assert {n: r.tokens for n, r in again.items()} == {n: r.tokens for n, r in beams.items()}

@@ -335,13 +335,16 @@ def test_the_dual_mlp_runs_the_audio_mlp_alone_in_uniform_decode_steps(monkeypat
 
     torch.manual_seed(0)
     H, I, n = 16, 24, 5
-    reference = ReferenceMLP(LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=2, num_key_value_heads=2, hidden_act="silu", mlp_bias=False)).eval()
-    w13 = torch.randn(2, 2 * I, H)
+    # vLLM's own kernels (silu_and_mul) exist for the device its build is for: a CUDA build's
+    # have no CPU kernel
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    reference = ReferenceMLP(LlamaConfig(hidden_size=H, intermediate_size=I, num_attention_heads=2, num_key_value_heads=2, hidden_act="silu", mlp_bias=False)).eval().to(device)
+    w13 = torch.randn(2, 2 * I, H, device=device)
     w13[1] = torch.cat([reference.gate_proj.weight, reference.up_proj.weight]).detach()
-    w2 = torch.randn(2, H, I)
+    w2 = torch.randn(2, H, I, device=device)
     w2[1] = reference.down_proj.weight.detach()
-    x, is_audio = torch.randn(n, H), torch.ones(n, 1, dtype=torch.bool)
-    text = torch.randn(n, H)  # (the text branch's input: unused where every row is audio)
+    x, is_audio = torch.randn(n, H, device=device), torch.ones(n, 1, dtype=torch.bool, device=device)
+    text = torch.randn(n, H, device=device)  # (the text branch's input: unused where every row is audio)
     routed = []
     monkeypatch.setattr(vllm_compat, "grouped_mlp", lambda x, w13, w2, ids: routed.append((x, ids)) or torch.zeros_like(x))
 

@@ -676,6 +676,8 @@ def silu_and_mul(x):
     49 us a step for the real Higgs 3B at 64 rows on an H100 (forty-fourth session's profile)."""
     import torch
 
+    import vllm._custom_ops  # noqa: F401  (loads the platform's kernels into torch.ops._C)
+
     out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
     torch.ops._C.silu_and_mul(out, x)
     return out
@@ -800,7 +802,9 @@ def rendered_like(template, decoder_prompt: list[int], features, mm_hash: str):
     except (KeyError, TypeError, ValueError) as e:
         raise RuntimeError(f"vLLM {VLLM_VERSION}: a rendered Whisper prompt no longer keeps its features at "
                            f"decoder_prompt.mm_kwargs['audio'][0]['input_features'] ({e!r}; speechctl/engine/vllm_compat.py)") from e
-    audio = MultiModalKwargsItem({"input_features": dataclasses.replace(elem, data=features)})
+    # vLLM casts the processor's floating-point outputs to the model's dtype (the template's);
+    # features made apart are cast alike, so each window's input is what vLLM would have made
+    audio = MultiModalKwargsItem({"input_features": dataclasses.replace(elem, data=features.to(elem.data.dtype))})
     rendered = dict(template, decoder_prompt=dict(
         decoder, prompt_token_ids=list(decoder_prompt), mm_kwargs=MultiModalKwargsItems({"audio": [audio]}),
         mm_hashes={"audio": [mm_hash]}))
