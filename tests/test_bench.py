@@ -231,7 +231,14 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     assert (same["requests"], same["streamed"], same["audio_s"]) == (saturated["requests"], saturated["streamed"], saturated["audio_s"])
     lengths = [j.max_seconds for j, _ in workload(5, np.random.default_rng(0), result["codec_frame_rate"], guides)]
     assert saturated["audio_s"] == pytest.approx(sum(lengths), abs=0.05 * 5)
-    assert result["varied_vs_uniform"] == pytest.approx(saturated["audio_s_per_s"] / same["audio_s_per_s"], abs=1e-3)
+    assert result["varied_vs_uniform_first_pair"] == pytest.approx(saturated["audio_s_per_s"] / same["audio_s_per_s"], abs=1e-3)
+    # four rounds, varied / uniform / uniform / varied (the first two those above): the ratio over both pairs
+    rounds = result["saturation_rounds"]
+    assert [r["settings"] for r in rounds] == ["varied", "uniform", "uniform", "varied"]
+    assert rounds[0]["audio_s_per_s"] == saturated["audio_s_per_s"] and rounds[1]["steps"] == same["steps"]
+    assert all(r["steps"] > 0 and 0 < r["engine_s"] <= r["makespan_s"] for r in rounds)
+    rate = [r["audio_s_per_s"] for r in rounds]
+    assert result["varied_vs_uniform"] == pytest.approx((rate[0] + rate[3]) / (rate[1] + rate[2]), abs=1e-3)
     assert result["graph_captures_timed"] == 0  # the CPU has no per-step graphs
 
 
