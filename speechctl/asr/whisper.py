@@ -523,6 +523,9 @@ class WhisperAsr:
             params = SamplingParams(
                 temperature=0.0, max_tokens=extra, stop_token_ids=[self.eot], detokenize=False,
                 output_kind=RequestOutputKind.FINAL_ONLY, extra_args={SLOT_KEY: slot},
+                # made for this lane alone, so vLLM's copy of it on admission may be shallow: its
+                # deep copy took 0.118 s of 640 lanes (beam 5 at batch 16, cProfile, an H100)
+                skip_clone=True,
             )
             try:
                 self._engine.add_request(key, rendered, params)

@@ -56,6 +56,7 @@ class Member(NamedTuple):
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
             detokenize=False,  # callers decode the ids they need; vLLM would detokenize every step
             extra_args=self.params.to_extra_args(),
+            skip_clone=True,  # made for this request alone: vLLM's copy on admission may be shallow
         )
 
 
