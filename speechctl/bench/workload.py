@@ -202,16 +202,20 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
 
     cfg = speech.checkpoint.family.cfg is not None
     rate = speech.codec.frame_rate
+    # the codec's graphs of every batch size (the streamer records those up to 64 rows) and
+    # length, so that a saturated round's large batches do not record theirs in it. Before the
+    # warm-up: each capture empties the caching allocator (torch.cuda.graph), and the engine's
+    # steps after it allocate their blocks anew (recorded between the warm-up and the first timed
+    # round, the varied one, that round's prefill waited 307 ms for its first output against the
+    # uniform round's 94: H200, forty-fifth session)
+    early = StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, first_lookahead=first_lookahead)
+    for decoder in [StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK)] + ([early] if lookahead_rates else []):
+        speech.codec.record_decode_graphs(decoder.window_lengths(), most_rows=1 << 20, padded=True)
     # warm-up, a saturated round of other texts and settings: compiles, graphs and the allocator
     # at the timed rounds' batch sizes, so that the first timed round (the varied one) pays for
     # nothing the uniform round after it does not
     warm = workload(requests, np.random.default_rng(seed + 1), rate, cfg)
     drive(speech, warm, [0.0] * len(warm))
-    # the codec's graphs of every batch size (the streamer records those up to 64 rows) and
-    # length, so that a saturated round's large batches do not record theirs in it
-    early = StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, first_lookahead=first_lookahead)
-    for decoder in [StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK)] + ([early] if lookahead_rates else []):
-        speech.codec.record_decode_graphs(decoder.window_lengths(), most_rows=1 << 20, padded=True)
     memory = _memory(speech)  # before the timed runs: a run that ran out reads by it (the log has it)
     log(f"memory: {memory}")
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
