@@ -880,6 +880,22 @@ def test_a_rendered_prompt_is_taken_as_it_is():
 
 
 @pytest.mark.engine
+def test_rendered_like_casts_a_windows_features_to_the_rendered_dtype():
+    """vLLM casts its processor's floating-point outputs to the model's dtype (bf16 on a GPU):
+    a window's features made apart (the feature extractor's float32) are cast alike."""
+    from vllm.multimodal.inputs import MultiModalBatchedField, MultiModalFieldElem, MultiModalKwargsItem, MultiModalKwargsItems
+
+    elem = MultiModalFieldElem(data=torch.zeros(4, 6, dtype=torch.bfloat16), field=MultiModalBatchedField())
+    decoder = {"prompt_token_ids": [1], "mm_kwargs": MultiModalKwargsItems({"audio": [MultiModalKwargsItem({"input_features": elem})]}),
+               "mm_hashes": {"audio": ["template"]}, "mm_placeholders": {}}
+    features = torch.randn(4, 6)
+    made = vllm_compat.rendered_like({"type": "enc_dec", "encoder_prompt": {}, "decoder_prompt": decoder}, [1, 2], features, "w")
+    (item,) = made["decoder_prompt"]["mm_kwargs"]["audio"]
+    assert item["input_features"].data.dtype == torch.bfloat16
+    assert torch.equal(item["input_features"].data, features.to(torch.bfloat16))
+    assert made["decoder_prompt"]["prompt_token_ids"] == [1, 2] and made["decoder_prompt"]["mm_hashes"] == {"audio": ["w"]}
+
+
 def test_whisper_shims_on_a_live_engine(tmp_path):
     """On a tiny random Whisper engine: the runner, the decoding logits processor, the budgets,
     one self-attention KV group whose layers' block dimension has the cache's block count, a KV

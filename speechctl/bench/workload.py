@@ -48,8 +48,8 @@ def workload(count: int, rng: np.random.Generator, frame_rate: float, cfg: bool)
 
 
 UNIFORM_SAMPLING = Sampling(temperature=0.9, top_k=50)
-ROUND_KEYS = ("audio_s_per_s", "makespan_s", "steps", "engine_s", "codec_busy_s")
 UNIFORM_CFG_SCALE = 3.0
+ROUND_KEYS = ("audio_s_per_s", "makespan_s", "steps", "engine_s", "codec_busy_s")  # each saturated round's, side by side
 
 
 def uniform(jobs: list[tuple[TtsJob, bool]]) -> list[tuple[TtsJob, bool]]:
