@@ -879,7 +879,6 @@ def test_a_rendered_prompt_is_taken_as_it_is():
         assert "def render_cmpl(" in inspect.getsource(BaseRenderer) and "default_cmpl_tok_params" in inspect.getsource(BaseRenderer)
 
 
-@pytest.mark.engine
 def test_rendered_like_casts_a_windows_features_to_the_rendered_dtype():
     """vLLM casts its processor's floating-point outputs to the model's dtype (bf16 on a GPU):
     a window's features made apart (the feature extractor's float32) are cast alike."""
@@ -896,6 +895,7 @@ def test_rendered_like_casts_a_windows_features_to_the_rendered_dtype():
     assert made["decoder_prompt"]["prompt_token_ids"] == [1, 2] and made["decoder_prompt"]["mm_hashes"] == {"audio": ["w"]}
 
 
+@pytest.mark.engine
 def test_whisper_shims_on_a_live_engine(tmp_path):
     """On a tiny random Whisper engine: the runner, the decoding logits processor, the budgets,
     one self-attention KV group whose layers' block dimension has the cache's block count, a KV

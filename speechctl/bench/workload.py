@@ -49,6 +49,7 @@ def workload(count: int, rng: np.random.Generator, frame_rate: float, cfg: bool)
 
 UNIFORM_SAMPLING = Sampling(temperature=0.9, top_k=50)
 UNIFORM_CFG_SCALE = 3.0
+ROUND_ORDER = ("varied", "uniform", "uniform", "varied")  # the saturated rounds' settings, in turn
 ROUND_KEYS = ("audio_s_per_s", "makespan_s", "steps", "engine_s", "codec_busy_s")  # each saturated round's, side by side
 
 
@@ -222,17 +223,17 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     mean_audio = float(np.mean([j.max_seconds for j, _ in jobs]))
     captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
     codec_graphs = speech.codec.decode_graphs_recorded
-    # varied, uniform, uniform, varied: whatever drifts through the four rounds (or favours the
-    # first) weighs on both settings alike; one pair read 1.000, 0.889 and 0.864 in three runs
-    saturated = summarize(drive(speech, jobs, [0.0] * len(jobs)))
+    # every request at once, in ROUND_ORDER: whatever drifts through the four rounds (or favours
+    # the first) weighs on both settings alike; one pair read 1.000, 0.889 and 0.864 in three runs
+    round_jobs = {"varied": jobs, "uniform": uniform(jobs)}
+    rounds = [summarize(drive(speech, round_jobs[settings], [0.0] * len(jobs))) for settings in ROUND_ORDER]
+    saturated, same = rounds[ROUND_ORDER.index("varied")], rounds[ROUND_ORDER.index("uniform")]
     saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
+    summed = {settings: sum(r["audio_s_per_s"] for s, r in zip(ROUND_ORDER, rounds) if s == settings) for settings in round_jobs}
+    varied_vs_uniform = summed["varied"] / summed["uniform"]
     log(f"saturation ({saturated_rate:.2f} requests/s): {described(saturated)}")
-    same = summarize(drive(speech, uniform(jobs), [0.0] * len(jobs)))
-    rounds = [saturated, same, summarize(drive(speech, uniform(jobs), [0.0] * len(jobs))),
-              summarize(drive(speech, jobs, [0.0] * len(jobs)))]
-    varied_vs_uniform = (rounds[0]["audio_s_per_s"] + rounds[3]["audio_s_per_s"]) / (rounds[1]["audio_s_per_s"] + rounds[2]["audio_s_per_s"])
-    log(f"saturation with uniform settings: {same['audio_s_per_s']} audio-s/s; rounds varied, uniform, uniform, "
-        f"varied: {', '.join(str(r['audio_s_per_s']) for r in rounds)} audio-s/s; varied / uniform {varied_vs_uniform:.3f}")
+    log(f"saturation with uniform settings: {same['audio_s_per_s']} audio-s/s; rounds {', '.join(ROUND_ORDER)}: "
+        f"{', '.join(str(r['audio_s_per_s']) for r in rounds)} audio-s/s; varied / uniform {varied_vs_uniform:.3f}")
     rows = []
     result = {
         "benchmark": "workload",
@@ -246,11 +247,11 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
                 "top_k": [1, 500], "top_p": [0.9, 0.95, 1.0], "temperature": [0.5, 1.2]},
         "saturation": saturated,
         "uniform_saturation": same,  # the same jobs, one sampling and CFG scale for all
-        # the four saturated rounds in order (varied, uniform, uniform, varied): each one's rate,
-        # steps and step time, and its prefill wait (submission to first output, p50)
+        # the four saturated rounds in order: each one's rate, steps and step time, and its
+        # prefill wait (submission to first output, p50)
         "saturation_rounds": [{"settings": settings, **{key: r[key] for key in ROUND_KEYS},
                                "submit_to_first_output_p50_ms": r["ttfa_parts_ms"]["submit_to_first_output"]["p50"]}
-                              for settings, r in zip(("varied", "uniform", "uniform", "varied"), rounds)],
+                              for settings, r in zip(ROUND_ORDER, rounds)],
         "varied_vs_uniform": round(varied_vs_uniform, 3),  # both varied rounds' rates over both uniform ones'
         "varied_vs_uniform_first_pair": round(saturated["audio_s_per_s"] / same["audio_s_per_s"], 3),
         "environment": environment(),
