@@ -368,7 +368,10 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
                                       "--concurrency", "1", "--frames", "4", "--repeats", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output + str(result.exception)
     saved = json.loads(out.read_text())
-    assert saved["model"]["family"] == "csm" and saved["tts"][0]["concurrency"] == 1
+    row = saved["tts"][0]
+    assert saved["model"]["family"] == "csm" and row["concurrency"] == 1
+    # streaming's cost in total time, the two medians' ratio (issue 21 item 3)
+    assert row["last_vs_one_shot"] == round(row["streaming_last_s"] / row["one_shot_last_s"], 3) > 0
     assert "--random-weights" in saved["command"]
     refused = CliRunner().invoke(cli, ["bench", "--stream", "--random-weights"])
     assert refused.exit_code != 0 and "--random-weights goes with --model" in refused.output

@@ -84,6 +84,7 @@ class _GroupRows:
 class WhisperDecoding(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         self.device = device
+        self.pin = is_pin_memory and device.type == "cuda"
         self.vocab = v = load_vocab(Path(vllm_config.model_config.model))
         self.V = vllm_config.model_config.get_vocab_size()
         S = vllm_config.scheduler_config.max_num_seqs + 1  # the last slot stands for unknown rows
@@ -112,6 +113,7 @@ class WhisperDecoding(LogitsProcessor):
         self.lang_ids = torch.tensor(sorted(v.languages.values()), dtype=torch.long, **d)
         self.ts_index = torch.arange(v.timestamp_begin, self.V, **d)
         self.specs: dict[int, LaneSpec] = {}
+        self._opening: dict[int, LaneSpec] = {}  # opened, not yet written to the device buffers
         self.slot_of_row: dict[int, int] = {}
         self._changed = True
         self._probe_rows: list[int] = []
@@ -123,32 +125,47 @@ class WhisperDecoding(LogitsProcessor):
     # -- the driver's side --------------------------------------------------------------------
 
     def open_lanes(self, lanes: dict[int, LaneSpec]) -> None:
-        """Describe requests about to be added (slot -> spec): one device write for all."""
-        if not lanes:
-            return
-        slots = torch.tensor(list(lanes), dtype=torch.long)
-        specs = list(lanes.values())
-        forced = [list(s.forced) + [0] * (MAX_FORCED - len(s.forced)) for s in specs]
-
-        def put(buffer, values, dtype=None):
-            buffer[slots.to(self.device)] = torch.tensor(values, dtype=dtype or buffer.dtype).to(self.device)
-
-        put(self.n_out, [0] * len(specs))
-        put(self.n_forced, [len(s.forced) for s in specs])
-        put(self.forced, forced)
-        put(self.ts_on, [s.timestamps for s in specs])
-        put(self.sblank, [s.suppress_blank for s in specs])
-        put(self.max_init, [s.max_initial for s in specs])
-        put(self.temp, [max(s.temperature, 1e-6) for s in specs])
-        put(self.top_k, [s.top_k for s in specs])
-        put(self.top_p, [s.top_p for s in specs])
-        put(self.key, [s.key & 0x7FFFFFFFFFFFFFFF for s in specs])
-        put(self.last_tok, [-1] * len(specs))
-        put(self.last_ts, [True] * len(specs))
-        put(self.pen_ts, [True] * len(specs))
-        put(self.sum_lp, [0.0] * len(specs))
-        put(self.no_speech, [float("nan")] * len(specs))
+        """Describe requests about to be added (slot -> spec). Their device state is written at
+        the next step (or ``close_lanes``), for every lane opened since in one host->device copy:
+        each small synchronous copy waits for the device, and an admission opens many groups."""
         self.specs.update(lanes)
+        self._opening.update(lanes)
+
+    def _write_opened(self) -> None:
+        """The opened lanes' settings and fresh state into the device buffers: one int64 and one
+        float32 table, copied without a wait, then scattered by slot on the device."""
+        if not self._opening:
+            return
+        opening, self._opening = self._opening, {}
+        ints = [[slot, len(s.forced), *s.forced, *[0] * (MAX_FORCED - len(s.forced)), s.timestamps,
+                 s.suppress_blank, s.max_initial, s.top_k, s.key & 0x7FFFFFFFFFFFFFFF] for slot, s in opening.items()]
+        floats = [[max(s.temperature, 1e-6), s.top_p] for s in opening.values()]
+        i = self._to_device(torch.tensor(ints, dtype=torch.long))
+        f = self._to_device(torch.tensor(floats, dtype=torch.float32))
+        slots = i[:, 0]
+        self.n_out[slots] = 0
+        self.n_forced[slots] = i[:, 1]
+        self.forced[slots] = i[:, 2 : 2 + MAX_FORCED]
+        k = 2 + MAX_FORCED
+        self.ts_on[slots] = i[:, k].bool()
+        self.sblank[slots] = i[:, k + 1].bool()
+        self.max_init[slots] = i[:, k + 2]
+        self.top_k[slots] = i[:, k + 3]
+        self.key[slots] = i[:, k + 4]
+        self.temp[slots] = f[:, 0]
+        self.top_p[slots] = f[:, 1]
+        self.last_tok[slots] = -1
+        self.last_ts[slots] = True
+        self.pen_ts[slots] = True
+        self.sum_lp[slots] = 0.0
+        self.no_speech[slots] = float("nan")
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device; on a GPU from pinned memory without waiting (a pageable
+        copy would wait for every kernel queued before it)."""
+        if self.pin:
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host.to(self.device)
 
     def close_lanes(self, slots) -> dict[str, list]:
         """Forget finished requests; returns their per-lane results (sum of log-probabilities,
@@ -156,7 +173,8 @@ class WhisperDecoding(LogitsProcessor):
         slots = list(slots)
         if not slots:
             return {"sum_logprob": [], "no_speech": [], "steps": []}
-        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self._write_opened()
+        index = self._to_device(torch.tensor(slots, dtype=torch.long))
         values = torch.stack([self.sum_lp[index].double(), self.no_speech[index].double(), self.n_out[index].double()]).cpu()
         for s in slots:
             self.specs.pop(s, None)
@@ -168,6 +186,7 @@ class WhisperDecoding(LogitsProcessor):
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self._write_opened()
         self._probe_rows = []
         if batch_update is None:
             return
@@ -213,9 +232,9 @@ class WhisperDecoding(LogitsProcessor):
                 entry.rows.append(row)
         self._R = R
         self._slots_np = slots
-        self._slots = torch.from_numpy(slots).to(self.device)
+        self._slots = self._to_device(torch.from_numpy(slots))
         self._known = int((slots < self.capacity).sum())
-        self._sample = torch.tensor(sample, dtype=torch.long, device=self.device) if sample else None
+        self._sample = self._to_device(torch.tensor(sample, dtype=torch.long)) if sample else None
         self._groups = list(beam_groups.values())
         row_of_slot = {s: r for r, s in enumerate(slots.tolist()) if s < self.capacity}
         self._row_of_slot = row_of_slot
@@ -237,6 +256,7 @@ class WhisperDecoding(LogitsProcessor):
         return out
 
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
+        self._write_opened()  # (vLLM calls update_state first; a caller that does not is served too)
         R = logits.shape[0]
         if self._changed or R != getattr(self, "_R", None):
             self._layout(R)
@@ -274,7 +294,7 @@ class WhisperDecoding(LogitsProcessor):
             self.stats["beam_s"] += time.perf_counter() - began
         chosen = torch.where(forced_row, ftok, chosen)
         if eot_rows:
-            chosen[torch.tensor(eot_rows, dtype=torch.long, device=self.device)] = v.eot
+            chosen[self._to_device(torch.tensor(eot_rows, dtype=torch.long))] = v.eot
 
         # State: log-probabilities of free (non-beam) choices, the timestamp state, the step.
         free = ~forced_row
@@ -303,8 +323,7 @@ class WhisperDecoding(LogitsProcessor):
             spec = self.specs.get(int(self._slots_np[r]))
             lane0 = spec.lane0_slot if spec is not None and spec.mode == BEAM else -1
             src.append(self._row_of_slot.get(lane0, r))
-        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        sidx = torch.tensor(src, dtype=torch.long, device=self.device)
+        idx, sidx = self._to_device(torch.tensor([rows, src], dtype=torch.long))
         raw = x[sidx]
         if v.no_speech is not None:
             self.no_speech[self._slots[idx]] = torch.softmax(raw, dim=-1)[:, v.no_speech]
@@ -379,10 +398,12 @@ class WhisperDecoding(LogitsProcessor):
             return
         self.stats["beam_steps"] += 1
         rows = [r for g in stepping for r in g.rows]
-        ridx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        ridx = self._to_device(torch.tensor(rows, dtype=torch.long))
         K = max(g.group.size for g in stepping) + 1
         top = lp[ridx].topk(K, dim=-1)
-        values, tokens = top.values.cpu().numpy(), top.indices.cpu().numpy()
+        # one device->host copy for both (token ids < 2**24 are exact in float32)
+        both = torch.cat([top.values, top.indices.float()], dim=1).cpu().numpy()
+        values, tokens = both[:, :K], both[:, K:].astype(np.int64)
         at = {r: i for i, r in enumerate(rows)}
         new_tok, new_src, copies = [], [], []
         for size, groups in by_size.items():
@@ -401,9 +422,10 @@ class WhisperDecoding(LogitsProcessor):
                         copies.append((g.rows[parent], g.rows[dest], kv_len))
         beam_free[ridx] = True
         if new_tok:
-            r_idx = torch.tensor([r for r, _ in new_tok], dtype=torch.long, device=self.device)
-            chosen[r_idx] = torch.tensor([t for _, t in new_tok], dtype=torch.long, device=self.device)
-            source[r_idx] = torch.tensor([s for _, s in new_src], dtype=torch.long, device=self.device)
+            r_idx, tok, src = self._to_device(torch.tensor([[r for r, _ in new_tok], [t for _, t in new_tok],
+                                                           [s for _, s in new_src]], dtype=torch.long))
+            chosen[r_idx] = tok
+            source[r_idx] = src
         if copies:
             if self.kv is None:
                 raise RuntimeError("beam search needs the KV copier (WhisperAsr attaches it)")

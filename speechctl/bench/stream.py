@@ -178,10 +178,13 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, lo
         "one_shot_last_s": _median(o_done),
     }
     row["ttfa_speedup"] = round(row["one_shot_ttfa_s"] / row["streaming_ttfa_s"], 2)
+    # what streaming costs in total time (issue 21 item 3: at most 1.1): the last streamed chunk
+    # against the one-shot waveform, the same requests in the same engine
+    row["last_vs_one_shot"] = round(row["streaming_last_s"] / row["one_shot_last_s"], 3)
     log(
         f"tts c={count:3d}  first audio: streaming {1000 * row['streaming_ttfa_s']:8.1f} ms, "
         f"one-shot {1000 * row['one_shot_ttfa_s']:8.1f} ms  (last: {1000 * row['streaming_last_s']:.1f} ms "
-        f"streaming)  for {row['audio_s']} s of audio"
+        f"streaming, {row['last_vs_one_shot']:.2f}x one-shot)  for {row['audio_s']} s of audio"
     )
     return row
 
