@@ -372,6 +372,12 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
     assert saved["model"]["family"] == "csm" and row["concurrency"] == 1
     # streaming's cost in total time, the two medians' ratio (issue 21 item 3)
     assert row["last_vs_one_shot"] == round(row["streaming_last_s"] / row["one_shot_last_s"], 3) > 0
+    # and where each run's time went: both ran the 4 frames' steps (+ the delay pattern's), the
+    # engine's share within the run's wall time
+    streamed, one_shot = row["streaming_parts_s"], row["one_shot_parts_s"]
+    assert streamed["steps"] >= 4 and one_shot["steps"] >= 4
+    assert 0 < streamed["engine"] <= row["streaming_last_s"] and 0 < one_shot["engine"] <= row["one_shot_last_s"]
+    assert streamed["codec_busy"] > 0 and one_shot["codec"] > 0
     assert "--random-weights" in saved["command"]
     refused = CliRunner().invoke(cli, ["bench", "--stream", "--random-weights"])
     assert refused.exit_code != 0 and "--random-weights goes with --model" in refused.output

@@ -109,7 +109,7 @@ def _requests(speech, count: int, frames: int) -> list:
     ]
 
 
-def _streamed(speech, count: int, frames: int, first_chunk: int) -> tuple[list[float], list[float]]:
+def _streamed(speech, count: int, frames: int, first_chunk: int) -> tuple[list[float], list[float], dict]:
     from speechctl.api import TtsChunk
     from speechctl.pipeline.streamer import SpeechStreamer
 
@@ -131,13 +131,23 @@ def _streamed(speech, count: int, frames: int, first_chunk: int) -> tuple[list[f
             if event.last:
                 last[event.id] = now
     _check_lengths(speech, samples, frames)
-    return list(first.values()), list(last.values())
+    parts = {"steps": streamer.steps, **streamer.seconds, "codec_busy": streamer.codec_busy_s}
+    return list(first.values()), list(last.values()), parts
 
 
-def _one_shot(speech, count: int, frames: int) -> list[float]:
+def _one_shot(speech, count: int, frames: int) -> tuple[list[float], dict]:
     start = time.perf_counter()
     done, samples = {}, {}
-    for outputs in speech.engine.generate_steps(_requests(speech, count, frames)):
+    parts = {"steps": 0, "engine": 0.0, "codec": 0.0}
+    steps = iter(speech.engine.generate_steps(_requests(speech, count, frames), every_step=True))
+    while True:
+        began = time.perf_counter()
+        outputs = next(steps, None)
+        parts["engine"] += time.perf_counter() - began
+        if outputs is None:
+            break
+        parts["steps"] += 1
+        began = time.perf_counter()
         codes = []
         for out in outputs:
             if out.error:
@@ -149,8 +159,9 @@ def _one_shot(speech, count: int, frames: int) -> list[float]:
             now = time.perf_counter() - start
             for (tag, _), wave in zip(codes, waves):
                 done[tag], samples[tag] = now, len(wave)
+        parts["codec"] += time.perf_counter() - began
     _check_lengths(speech, samples, frames)
-    return list(done.values())
+    return list(done.values()), parts
 
 
 def _check_lengths(speech, samples: dict, frames: int) -> None:
@@ -162,12 +173,15 @@ def _check_lengths(speech, samples: dict, frames: int) -> None:
 def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, log) -> dict:
     _streamed(speech, count, frames, first_chunk)  # warm-up at this batch size
     _one_shot(speech, count, frames)
-    s_first, s_last, o_done = [], [], []
+    s_first, s_last, o_done, s_parts, o_parts = [], [], [], [], []
     for _ in range(repeats):
-        first, last = _streamed(speech, count, frames, first_chunk)
+        first, last, parts = _streamed(speech, count, frames, first_chunk)
         s_first += first
         s_last += last
-        o_done += _one_shot(speech, count, frames)
+        s_parts.append(parts)
+        done, parts = _one_shot(speech, count, frames)
+        o_done += done
+        o_parts.append(parts)
     row = {
         "concurrency": count,
         "frames": frames,
@@ -181,6 +195,11 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, lo
     # what streaming costs in total time (issue 21 item 3: at most 1.1): the last streamed chunk
     # against the one-shot waveform, the same requests in the same engine
     row["last_vs_one_shot"] = round(row["streaming_last_s"] / row["one_shot_last_s"], 3)
+    # where each run's wall time went (medians over the repeats): the engine's steps, the codec
+    # (streamed: planning, waiting for and handing out decodes, beside the worker's busy seconds;
+    # one-shot: its decodes in the loop), the rest (streamed: each request's tokens to its reader)
+    row["streaming_parts_s"] = {k: _median([p[k] for p in s_parts]) for k in s_parts[0]}
+    row["one_shot_parts_s"] = {k: _median([p[k] for p in o_parts]) for k in o_parts[0]}
     log(
         f"tts c={count:3d}  first audio: streaming {1000 * row['streaming_ttfa_s']:8.1f} ms, "
         f"one-shot {1000 * row['one_shot_ttfa_s']:8.1f} ms  (last: {1000 * row['streaming_last_s']:.1f} ms "
