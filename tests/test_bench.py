@@ -365,9 +365,11 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
     save_file({k: v for k, v in tensors.items() if k.startswith("codec_model.")}, str(path / "model.safetensors"))
     out = tmp_path / "stream.json"
     result = CliRunner().invoke(cli, ["bench", "--stream", "--no-turn", "--model", str(path), "--random-weights",
-                                      "--concurrency", "1", "--frames", "4", "--repeats", "1", "--out", str(out)])
+                                      "--concurrency", "1", "--frames", "4", "--repeats", "1", "--max-chunks", "32,2",
+                                      "--out", str(out)])
     assert result.exit_code == 0, result.output + str(result.exception)
     saved = json.loads(out.read_text())
+    assert [(r["concurrency"], r["max_chunk"]) for r in saved["tts"]] == [(1, 32), (1, 2)]  # a row per chunking
     row = saved["tts"][0]
     assert saved["model"]["family"] == "csm" and row["concurrency"] == 1
     # streaming's cost in total time, the two medians' ratio (issue 21 item 3)
@@ -381,6 +383,8 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
     assert "--random-weights" in saved["command"]
     refused = CliRunner().invoke(cli, ["bench", "--stream", "--random-weights"])
     assert refused.exit_code != 0 and "--random-weights goes with --model" in refused.output
+    refused = CliRunner().invoke(cli, ["bench", "--stream", "--max-chunks", "32,x"])
+    assert refused.exit_code != 0 and "--max-chunks: frames (at least 2), comma-separated; got '32,x'" in refused.output
 
 
 def _counting_writer(directory, recipe):

@@ -38,6 +38,7 @@ def run_stream_bench(
     frames: int = 64,
     repeats: int = 3,
     first_chunk: int = 2,
+    max_chunks=(32,),
     turn: bool = True,
     reply_tokens: int = 96,
     engine_overrides: dict | None = None,
@@ -47,13 +48,15 @@ def run_stream_bench(
     log=print,
 ) -> dict:
     """``speech``: an already loaded ``Speech`` of that shape to measure (tests), else one is
-    built from ``SHAPES[shape]`` with random weights. ``asr_model``/``lm_model``: the chat
+    built from ``SHAPES[shape]`` with random weights. ``max_chunks``: the streamed chunks'
+    largest size in frames; each is a row of its own at every concurrency (the codec decodes each
+    chunk with its context, so fewer, larger chunks cost it less). ``asr_model``/``lm_model``: the chat
     turn's Whisper and response LM (default: whisper-tiny.en, tiny-lm)."""
     startup = None
     with tempfile.TemporaryDirectory() as tmp:
         if speech is None:
             speech, startup = _load(shape, Path(tmp), max(concurrencies), frames, engine_overrides)
-        rows = [_tts_row(speech, c, frames, repeats, first_chunk, log) for c in concurrencies]
+        rows = [_tts_row(speech, c, frames, repeats, first_chunk, m, log) for c in concurrencies for m in max_chunks]
         turn_row = _turn_row(speech, repeats, first_chunk, reply_tokens, asr_model, lm_model, log) if turn else None
         if startup is not None:
             speech.close()
@@ -109,11 +112,11 @@ def _requests(speech, count: int, frames: int) -> list:
     ]
 
 
-def _streamed(speech, count: int, frames: int, first_chunk: int) -> tuple[list[float], list[float], dict]:
+def _streamed(speech, count: int, frames: int, first_chunk: int, max_chunk: int) -> tuple[list[float], list[float], dict]:
     from speechctl.api import TtsChunk
     from speechctl.pipeline.streamer import SpeechStreamer
 
-    streamer = SpeechStreamer(speech, first_chunk=first_chunk)
+    streamer = SpeechStreamer(speech, first_chunk=first_chunk, max_chunk=max_chunk)
     start = time.perf_counter()
     for request in _requests(speech, count, frames):
         streamer.submit_request(request.tag, request)
@@ -170,12 +173,12 @@ def _check_lengths(speech, samples: dict, frames: int) -> None:
         raise EngineError(f"expected at least {expected} samples per request, got {sorted(set(samples.values()))}")
 
 
-def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, log) -> dict:
-    _streamed(speech, count, frames, first_chunk)  # warm-up at this batch size
+def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, max_chunk: int, log) -> dict:
+    _streamed(speech, count, frames, first_chunk, max_chunk)  # warm-up at this batch size (and its windows' graphs)
     _one_shot(speech, count, frames)
     s_first, s_last, o_done, s_parts, o_parts = [], [], [], [], []
     for _ in range(repeats):
-        first, last, parts = _streamed(speech, count, frames, first_chunk)
+        first, last, parts = _streamed(speech, count, frames, first_chunk, max_chunk)
         s_first += first
         s_last += last
         s_parts.append(parts)
@@ -184,6 +187,7 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, lo
         o_parts.append(parts)
     row = {
         "concurrency": count,
+        "max_chunk": max_chunk,
         "frames": frames,
         "audio_s": round(frames / speech.codec.frame_rate, 3),
         "streaming_ttfa_s": _median(s_first),
@@ -201,7 +205,7 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, lo
     row["streaming_parts_s"] = {k: _median([p[k] for p in s_parts]) for k in s_parts[0]}
     row["one_shot_parts_s"] = {k: _median([p[k] for p in o_parts]) for k in o_parts[0]}
     log(
-        f"tts c={count:3d}  first audio: streaming {1000 * row['streaming_ttfa_s']:8.1f} ms, "
+        f"tts c={count:3d} max chunk {max_chunk:3d}  first audio: streaming {1000 * row['streaming_ttfa_s']:8.1f} ms, "
         f"one-shot {1000 * row['one_shot_ttfa_s']:8.1f} ms  (last: {1000 * row['streaming_last_s']:.1f} ms "
         f"streaming, {row['last_vs_one_shot']:.2f}x one-shot)  for {row['audio_s']} s of audio"
     )
@@ -286,4 +290,5 @@ def plot_stream(result: dict, path: str | Path) -> None:
     rates = [("streaming_ttfa_s", "o-", "streamed: first audio (s)"), ("one_shot_ttfa_s", "s:", "one-shot: first audio (s)"),
              ("streaming_last_s", "^--", "streamed: last audio (s)")]
     ratio = ("ttfa_speedup", "concurrent requests", "one-shot TTFA ÷ streamed TTFA", [(1.0, ":", "k", "no gain")])
-    plot_rates_and_ratio(result, path, rates, "seconds", ratio, rows=result["tts"])
+    first = result["tts"][0].get("max_chunk")  # (the first chunking's rows, where several ran)
+    plot_rates_and_ratio(result, path, rates, "seconds", ratio, rows=[r for r in result["tts"] if r.get("max_chunk") == first])

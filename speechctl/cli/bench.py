@@ -26,6 +26,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
 @click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
 @click.option("--random-weights", is_flag=True, help="--workload, --stream with --model: vLLM draws the model's weights at random (speed does not depend on their values), whatever the checkpoint holds; its codec is read from it. A checkpoint without weight files runs so anyway.")
+@click.option("--max-chunks", default="32", show_default=True, help="--stream: the streamed chunks' largest size in frames, comma-separated: a row for each at every concurrency.")
 @click.option("--no-turn", is_flag=True, help="--stream: TTS only, skip the chat turn (Whisper + response LM).")
 @click.option("--asr-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's Whisper (default whisper-tiny.en).")
 @click.option("--lm-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's response LM (default tiny-lm).")
@@ -46,7 +47,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahead_rates, first_lookahead, requests, model, random_weights, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahead_rates, first_lookahead, requests, model, random_weights, max_chunks, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
     plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
@@ -116,10 +117,16 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
     if stream:
         from speechctl.bench.stream import run_stream_bench
 
+        try:
+            chunks = [int(x) for x in max_chunks.split(",") if x.strip()]
+        except ValueError:
+            chunks = []
+        if not chunks or min(chunks) < 2:  # (the first chunk is 2 frames)
+            raise InputError(f"--max-chunks: frames (at least 2), comma-separated; got {max_chunks!r}")
         speech = _workload_speech(model, shape, overrides, random_weights) if model else None
         try:
             result = run_stream_bench(
-                shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
+                shape, levels, frames, repeats, max_chunks=chunks, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
                 speech=speech, log=lambda line: click.echo(line, err=True)
             )
         finally:
