@@ -178,7 +178,11 @@ def test_short_texts_are_read_across_seeds(short_texts_across_seeds):
     assert np.mean(hello) <= 1.75 and hello.count(0) >= 2, hello
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_YET)
+# Not strict: this is one draw (seed 1), and the same seed draws differently on another CPU (see
+# the next test); the voice reads the fox within one word at about a third of its draws, so some
+# machines' draw passes (an AVX-512 Xeon's in the forty-sixth session's CI) and most fail. The rate
+# over many seeds is test_short_texts_are_read_across_seeds's.
+@pytest.mark.xfail(strict=False, reason=NOT_YET + "; one draw, machine-dependent")
 def test_the_fox_through_the_cli_has_at_most_one_word_wrong(fox_through_the_cli):
     from recipes.voice.evaluate import word_errors
 
