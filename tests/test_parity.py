@@ -213,6 +213,7 @@ def test_generated_blocks_stay_out_of_the_prefix_cache(tiny_checkpoint):
     blocks may be cached: a prompt that repeats another request's prompt and primary outputs
     hits the cache for the prompt part only."""
     from speechctl.engine.engine import StreamRequest
+    from speechctl.errors import EngineError
     from speechctl.models.generic.prompts import MultiStreamPrompts
 
     engine = make_engine(tiny_checkpoint)
@@ -223,6 +224,14 @@ def test_generated_blocks_stay_out_of_the_prefix_cache(tiny_checkpoint):
     replay = StreamRequest(prompt_ids=first.prompt_ids + out.token_ids[:64], max_tokens=1, allow_audio=False)
     (again,) = engine.generate([replay])
     assert again.num_cached_tokens == 64  # the prompt's two full blocks, nothing generated
+    # a benchmark's next round: the same prompt prefilled anew once the cache is emptied
+    engine.forget_cached_prompts()
+    (fresh,) = engine.generate([StreamRequest(prompt_ids=first.prompt_ids, max_tokens=1, allow_audio=False)])
+    assert fresh.num_cached_tokens == 0
+    engine.submit(StreamRequest(prompt_ids=first.prompt_ids, max_tokens=4, allow_audio=False))
+    with pytest.raises(EngineError, match="only while no request runs"):
+        engine.forget_cached_prompts()
+    list(engine.generate([]))  # (the submitted request runs to its end)
     engine.shutdown()
 
 

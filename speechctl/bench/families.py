@@ -160,6 +160,7 @@ def run_family_bench(
             reqs = workload(count)
             for i, req in enumerate(reqs):
                 req.tag = TtsJob(id=str(i), text="")
+            engine.forget_cached_prompts()  # (as time_requests)
             start = time.perf_counter()
             results = list(speech.run_requests(reqs))
             elapsed = time.perf_counter() - start
@@ -244,7 +245,9 @@ def timed_row(system: str, run, count: int, frames: int, repeats: int, frame_rat
 
 
 def time_requests(engine, requests) -> float:
-    """Seconds for ``engine`` to generate ``requests`` (all of them, none failed)."""
+    """Seconds for ``engine`` to generate ``requests`` (all of them, none failed), their prompts
+    prefilled anew (not from the last repeat's prefix cache: transformers' rows have none)."""
+    engine.forget_cached_prompts()
     start = time.perf_counter()
     outs = list(engine.generate(requests))
     elapsed = time.perf_counter() - start

@@ -78,6 +78,11 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     requests' first chunks wait for that many frames past them (None: exact chunks)."""
     from speechctl.pipeline.streamer import SpeechStreamer
 
+    # every round's prompts prefilled as new requests' are: the saturated rounds and the loads
+    # repeat one set of texts, and vLLM's prefix cache served the later rounds' prompts from the
+    # first's (the first saturated round waited 332 ms for its first outputs, the next three
+    # 65-81: H200, forty-sixth session)
+    speech.engine.forget_cached_prompts()
     streamer = SpeechStreamer(speech, first_chunk=first_chunk, first_lookahead=first_lookahead)
     graphs_before = speech.codec.decode_graphs_recorded
     start = time.perf_counter()

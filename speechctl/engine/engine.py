@@ -235,6 +235,13 @@ class SpeechEngine:
     def has_work(self) -> bool:
         return bool(self._queue or self._live or self._done)
 
+    def forget_cached_prompts(self) -> None:
+        """Empty vLLM's prefix cache, so that prompts seen before are prefilled again as new
+        ones are (benchmarks: a round that repeats an earlier round's prompts would otherwise
+        skip most of their prefill). Only while nothing runs."""
+        if self.has_work() or not self._vllm.reset_prefix_cache():
+            raise EngineError("the prefix cache can be emptied only while no request runs")
+
     def tags(self) -> list[object]:
         """The tags of the requests queued or running (not yet reported finished)."""
         return [r.tag for r in self._queue] + list({id(r): r.tag for r in self._live.values()}.values())
