@@ -29,7 +29,7 @@ fi
 for need in "${NEEDS[@]}"; do
   [ -e "$need" ] || { echo "whisper_pieces: $need is missing (docs/gpu.md: make it first)" >&2; exit 1; }
 done
-if [ "${LAYOUT:-voice}" = vllm ]; then
+if [ "${LAYOUT:-voice}" = vllm ]; then  # (after the check: room() reads these files)
   ROOMS=("$(room .gpu/moe.xz)" "$(room /dev/null)" "$(room .gpu/site.part01 .gpu/unpack.sh)")
 else
   ROOMS=("$(room .gpu/espeak/* .voice/codec-model/*)" "$(room .gpu/site.part00)"

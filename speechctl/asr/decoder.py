@@ -126,7 +126,8 @@ class WhisperDecoding(LogitsProcessor):
 
     def open_lanes(self, lanes: dict[int, LaneSpec]) -> None:
         """Describe requests about to be added (slot -> spec). Their device state is written at
-        the next step (or ``close_lanes``), for every lane opened since in one host->device copy:
+        the next step (``update_state``, which vLLM calls before every ``apply``) or by
+        ``close_lanes``, for every lane opened since in one host->device copy:
         each small synchronous copy waits for the device, and an admission opens many groups."""
         self.specs.update(lanes)
         self._opening.update(lanes)
@@ -256,7 +257,6 @@ class WhisperDecoding(LogitsProcessor):
         return out
 
     def _apply(self, logits: torch.Tensor) -> torch.Tensor:
-        self._write_opened()  # (vLLM calls update_state first; a caller that does not is served too)
         R = logits.shape[0]
         if self._changed or R != getattr(self, "_R", None):
             self._layout(R)

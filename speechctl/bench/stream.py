@@ -142,15 +142,11 @@ def _one_shot(speech, count: int, frames: int) -> tuple[list[float], dict]:
     start = time.perf_counter()
     done, samples = {}, {}
     parts = {"steps": 0, "engine": 0.0, "codec": 0.0}
-    steps = iter(speech.engine.generate_steps(_requests(speech, count, frames), every_step=True))
-    while True:
-        began = time.perf_counter()
-        outputs = next(steps, None)
-        parts["engine"] += time.perf_counter() - began
-        if outputs is None:
-            break
+    mark = start
+    for outputs in speech.engine.generate_steps(_requests(speech, count, frames), every_step=True):
+        began = time.perf_counter()  # the step's engine time: since the last step's decode ended
+        parts["engine"] += began - mark
         parts["steps"] += 1
-        began = time.perf_counter()
         codes = []
         for out in outputs:
             if out.error:
@@ -162,7 +158,8 @@ def _one_shot(speech, count: int, frames: int) -> tuple[list[float], dict]:
             now = time.perf_counter() - start
             for (tag, _), wave in zip(codes, waves):
                 done[tag], samples[tag] = now, len(wave)
-        parts["codec"] += time.perf_counter() - began
+        mark = time.perf_counter()
+        parts["codec"] += mark - began
     _check_lengths(speech, samples, frames)
     return list(done.values()), parts
 
