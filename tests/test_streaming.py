@@ -191,6 +191,32 @@ def test_reader_reports_each_frame_once_every_stream_has_it():
     np.testing.assert_array_equal(np.concatenate(frames, axis=1), codes)
 
 
+@pytest.mark.parametrize("wanted", [3, 8])
+def test_reader_told_how_many_frames_are_wanted_reads_less_and_never_late(wanted):
+    """A streaming decoder can use frames only a chunk at a time: the reader skips re-reading the
+    segment until that many steps came, yet never holds back ``wanted`` final frames or more."""
+    from speechctl.models.audio_stream import AudioStreamReader
+    from speechctl.models.generic.prompts import MultiStreamPrompts
+
+    spec = _spec()
+    codes = np.random.default_rng(4).integers(0, 64, (4, 40))
+    steps = spec.pattern.build(codes).T
+    tokens = [spec.audio_id] * len(steps) + [spec.audio_eos_id]
+    aux = np.concatenate([steps, np.zeros((1, 4), np.int64)])
+    prompts = MultiStreamPrompts(spec, None)
+    reads = []
+    read = prompts.final_frames
+    prompts.final_frames = lambda s: reads.append(len(s)) or read(s)
+    reader = AudioStreamReader(prompts, starts_in_audio=True)
+    frames = []
+    for i, tok in enumerate(tokens):
+        frames += [e.frames for e in reader.feed([tok], aux[i : i + 1], wanted)]
+        final = max(0, min(i + 1, len(steps)) - spec.pattern.max_delay)  # final frames by step i
+        assert final - sum(f.shape[1] for f in frames) < wanted
+    np.testing.assert_array_equal(np.concatenate(frames, axis=1), codes)
+    assert len(reads) <= len(steps) // wanted + 2  # every step's read before: len(steps)
+
+
 def test_reader_splits_text_and_audio_segments():
     from speechctl.errors import EngineError
     from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent

@@ -125,6 +125,14 @@ class StreamingDecoder:
         """Frames that must exist past a chunk that starts at frame ``emitted`` before it goes."""
         return self.first_right if emitted == 0 else self.right
 
+    def frames_wanted(self, key: Hashable) -> int:
+        """How many more frames the request must push before its next chunk can go (at least 1):
+        its reader need not look for frames before then (``AudioStreamReader.feed``'s ``wanted``)."""
+        s = self._streams.get(key)
+        if s is None:
+            return self.first_chunk + self.first_right
+        return max(1, s.emitted + s.next_chunk + self._lookahead(s.emitted) - s.frames)
+
     def window_lengths(self) -> list[int]:
         """The frames of the windows a request's chunks are decoded in, from its first to the
         full chunks' (and its last: ``steady``), for the codec's decode graphs

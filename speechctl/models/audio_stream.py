@@ -13,6 +13,11 @@ they are final:
   ``audio_segments``, the reader of finished outputs, and the frames not yet reported follow;
   streamed frames must be the first frames of that read (an error otherwise, never silently
   different audio);
+* reading less often: a caller that knows how many more frames it can use (a streaming decoder
+  waits for a whole chunk and its right context) passes ``wanted``, and the open segment's frames
+  are read again only once that many steps came since the last read. In every layout one step
+  adds at most one final frame, so no frame is reported later than it is wanted, and a stream of
+  many requests does not re-read every request's whole segment at every step;
 * text: primary tokens outside audio segments (unified chat replies).
 """
 
@@ -57,6 +62,7 @@ class AudioStreamReader:
         self._tokens: list[int] = []  # its primary tokens
         self._emitted = 0  # frames of the open segment already reported
         self._frames = None  # [K, n] final frames of the open segment so far
+        self._read_at = 0  # rows of the open segment when its frames were last read
         if starts_in_audio:
             self._open()
 
@@ -67,10 +73,12 @@ class AudioStreamReader:
     def _open(self) -> None:
         self.segment += 1
         self._steps = np.empty((64, self.pattern.num_streams), np.int64)  # grows by doubling
-        self._n, self._tokens, self._emitted, self._frames = 0, [], 0, None
+        self._n, self._tokens, self._emitted, self._frames, self._read_at = 0, [], 0, None, 0
 
-    def feed(self, token_ids: list[int], aux: np.ndarray) -> list[AudioEvent | TextEvent]:
-        """One piece: primary tokens and their ``[len(token_ids), K]`` auxiliary tokens."""
+    def feed(self, token_ids: list[int], aux: np.ndarray, wanted: int = 1) -> list[AudioEvent | TextEvent]:
+        """One piece: primary tokens and their ``[len(token_ids), K]`` auxiliary tokens.
+        ``wanted``: new frames of the open segment worth reporting (fewer are kept for later:
+        they come with a later piece, the segment's end or ``finish``)."""
         s = self.spec
         events: list[AudioEvent | TextEvent] = []
         text: list[int] = []
@@ -86,6 +94,7 @@ class AudioStreamReader:
             elif tok == s.audio_eos_id:
                 events += self._new_frames()
                 events.append(self._close(np.asarray(aux[i])))
+                wanted = 1  # a segment opened after this one is read at every step
             else:
                 if self._n == len(self._steps):
                     self._steps = np.concatenate([self._steps, np.empty_like(self._steps)])
@@ -94,7 +103,7 @@ class AudioStreamReader:
                 self._tokens.append(tok)
         if text:
             events.append(TextEvent(text))
-        if self._steps is not None:
+        if self._steps is not None and self._n - self._read_at >= wanted:
             events += self._new_frames()
         return events
 
@@ -108,8 +117,9 @@ class AudioStreamReader:
         return events + [self._close(None)]
 
     def _new_frames(self) -> list[AudioEvent]:
-        if not self._n:
+        if not self._n or self._n == self._read_at:
             return []
+        self._read_at = self._n
         self._frames = self.prompts.final_frames(self._steps[: self._n])
         n = self._frames.shape[1]
         if n <= self._emitted:

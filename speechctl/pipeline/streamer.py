@@ -210,7 +210,8 @@ class SpeechStreamer:
                 whole.append((live, codes))
                 continue
             try:
-                for event in live.reader.feed(out.token_ids, out.aux):
+                wanted = self.decoder.frames_wanted((live.id, live.reader.segment))
+                for event in live.reader.feed(out.token_ids, out.aux, wanted):
                     if isinstance(event, TextEvent):
                         live.text_ids += event.token_ids
                     else:
