@@ -119,22 +119,23 @@ def test_a_shorter_first_lookahead_sends_the_first_chunk_early_and_only_it_inexa
 
 @pytest.mark.parametrize("frames", [1, 20, 97, 140])
 def test_a_request_fed_a_frame_a_step_meets_only_the_window_lengths_its_decoder_lists(codec, frames):
-    """The codec's decode graphs are recorded for ``window_lengths`` (its first chunks', the full
-    chunks' and the last one's, aligned to the request's end): a request whose frames come one a
-    step decodes in no other window unless it is shorter than a full chunk's window."""
+    """The codec's decode graphs are recorded for ``window_lengths`` (its first chunks' and the
+    full chunks'): a request whose frames come one a step decodes in no other window, but for a
+    short request's last, which is the whole of it. The last window, aligned to the request's
+    end, is the shortest listed length that holds the rest with its left context."""
     from speechctl.codecs.streaming import StreamingDecoder
 
     decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=16)
     codes = np.random.default_rng(frames).integers(0, codec.codebook_size, (codec.num_codebooks, frames))
-    windows = []
+    windows, last = [], None
     for t in range(frames + 1):
         plans = decoder.plan({"a": codes[:, t : t + 1]} if t < frames else None, ended=["a"] if t == frames else [])
         windows += [p.codes.shape[1] for p in plans if p.codes is not None]
-    expected = set(decoder.window_lengths())
-    if frames >= decoder.steady:
-        assert set(windows) <= expected and windows[-1] == decoder.steady
-    else:  # a short request: its last window is the whole of it
-        assert set(windows[:-1]) <= expected and windows[-1] == frames
+        last = plans[-1] if plans else last
+    expected = decoder.window_lengths()
+    assert set(windows[:-1]) <= set(expected)
+    needed = last.keep + min(decoder.left, frames - last.keep)  # the rest and its left context
+    assert windows[-1] == min([n for n in expected if n >= needed] + [frames])
 
 
 def test_many_requests_share_one_decoder_call_per_step(codec):

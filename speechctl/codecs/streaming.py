@@ -15,9 +15,10 @@ Every emitted sample is final: concatenating a request's chunks gives its one-sh
   one-shot decode. A window that reaches back to frame 0 starts at the natural start (no left
   context is missing there).
 * When a request ends, the rest ``[a, T)`` is decoded with the natural end, like the one-shot decode,
-  in a window of a full chunk's length where the request has the frames (``[T - W, T)``, ``W`` =
-  left + ``max_chunk`` + right, more left context than needed): so the windows of every step but
-  a request's first few have one length, which decode graphs replay (``Codec.use_decode_graphs``).
+  in the shortest of the chunks' window lengths (``window_lengths``) that holds it and its left
+  context (``[T - W, T)``, more left context than needed where ``W`` is longer): so the windows
+  of every step have the few lengths that decode graphs replay (``Codec.use_decode_graphs``),
+  and a request shorter than a full chunk's window is not decoded whole again at its end.
 * Chunk sizes grow: ``first_chunk`` frames first (low latency to the first audio), then
   ``growth`` times the previous one up to ``max_chunk`` (fewer, larger decoder calls).
 * ``first_lookahead`` (opt-in; default the whole right context) lets the first chunk go with
@@ -118,6 +119,7 @@ class StreamingDecoder:
         self.left, self.right = codec.decode_context
         self.first_right = self.right if first_lookahead is None else min(int(first_lookahead), self.right)
         self.steady = self.left + self.max_chunk + self.right  # frames of a full chunk's window
+        self._lengths = self.window_lengths() if bounded(codec.decode_context) else []
         self._streams: dict[Hashable, _Stream] = {}
         self.decode_calls = 0  # batched codec calls made (one per step with anything ready)
 
@@ -176,9 +178,12 @@ class StreamingDecoder:
         for key, s in list(self._streams.items()):
             if s.ended:
                 # the rest is shorter than a chunk and its right context where the loop below
-                # emitted what was ready in earlier steps: then [T - steady, T) holds it with its
-                # left context (frames that came in the step that ended it may need a longer one)
-                start = max(0, min(s.emitted - self.left, s.frames - self.steady))
+                # emitted what was ready in earlier steps: then [T - W, T) holds it with its left
+                # context for the shortest window length W that reaches back far enough (frames
+                # that came in the step that ended it may need a longer one than any)
+                start = max(0, s.emitted - self.left)
+                longer = [n for n in self._lengths if n >= s.frames - start]
+                start = max(0, min(start, s.frames - (longer[0] if longer else self.steady)))
                 keep = s.frames - s.emitted
                 codes = s.window(start, s.frames) if keep > 0 else None
                 plans.append(Plan(key, codes, s.emitted - start, keep, s.emitted * hop, True))
