@@ -56,6 +56,7 @@ class StreamOutput:
     num_cached_tokens: int = 0  # prompt tokens served from vLLM's prefix cache
     partner_cached_tokens: int = 0  # the same for a CFG pair's unconditional member
     finished: bool = True
+    request_id: str | None = None  # a streamed piece's vLLM request (``SpeechEngine.report_after``)
 
 
 def condition_tag(key: str) -> int:

@@ -19,6 +19,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   ``hash_prompt_blocks_only``, ``free_kv_blocks``, ``held_kv_blocks``, ``kv_groups``,
   ``encoder_kv_tokens``, ``encoder_capacity``, ``uncomputed_tokens``, ``is_running``,
   ``max_running_requests``, ``preempt``, ``scheduler_classes``, ``engine_scheduler``.
+* ``report_after``: a streamed request's outputs every few tokens, not every step (vLLM's
+  per-request ``stream_interval``).
 * ``forward_is_one_token_per_row``: whether an encoder-decoder model's forward is being
   captured as a full CUDA graph of a uniform decode batch.
 * engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
@@ -479,6 +481,29 @@ def cudagraph_capture_rows(vllm_config) -> int:
 def engine_scheduler(llm_engine):
     """The scheduler of an in-process engine core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
     return llm_engine.engine_core.engine_core.scheduler
+
+
+def report_after(llm_engine, request_id: str, tokens: int) -> bool:
+    """Have vLLM hand out a streamed (``DELTA``) request's next output only once ``tokens`` new
+    tokens came since its last one; its end always goes out, with every token held back. vLLM's
+    own per-request ``stream_interval`` (``RequestState``, read by ``make_request_output``; 0.26
+    and 0.32: 0.32's ``SamplingParams`` takes it at admission, 0.26 only engine-wide). It counts
+    from ``sent_tokens_offset``, which vLLM keeps only while the interval is above 1: set here to
+    the tokens handed out so far, on the first call. The interval never goes back to 1: vLLM
+    would then hand out each step's newest token alone and drop those held back, so ``tokens``
+    is at least 2. The output processor keys its states by vLLM's internal ids, one or more per
+    id given (``external_req_ids``). Returns False where the request is not (or no longer) in
+    vLLM."""
+    processor = llm_engine.output_processor
+    states = [processor.request_states.get(i) for i in processor.external_req_ids.get(request_id, ())]
+    for state in filter(None, states):
+        if not hasattr(state, "sent_tokens_offset") or state.detokenizer is None:
+            raise RuntimeError("speechctl: vLLM's RequestState has no sent_tokens_offset/detokenizer; "
+                               "see vllm_compat.report_after")
+        if state.stream_interval <= 1:
+            state.sent_tokens_offset = state.detokenizer.num_output_tokens()
+        state.stream_interval = max(2, int(tokens))
+    return any(states)
 
 
 def call_runtime(worker, method: str, *args):

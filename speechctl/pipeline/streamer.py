@@ -6,11 +6,13 @@
         for event in streamer.step():                    # one engine step
             ...  # TtsChunk(id, audio, sample_rate, start, last, error) | TextPiece(id, text)
 
-Requests run as ``stream`` requests: every engine step reports their new tokens on all streams;
+Requests run as ``stream`` requests: the engine reports their new tokens on all streams;
 :class:`speechctl.models.audio_stream.AudioStreamReader` turns them into code frames as soon as
 each frame is complete on every stream, and one :class:`StreamingDecoder` plans the ready chunks
 of all requests; they and the step's finished one-shot requests are decoded in one batched codec
-call. So a request's chunks concatenate to what ``Speech.run`` returns for it, while its first
+call. A TTS request's tokens are reported when its next chunk can go (``frames_wanted``), not at
+every step: at 64 streamed requests a piece per request per step was most of what streaming
+cost the host beside one-shot (vLLM's outputs, the engine's pieces, the reader's reads). So a request's chunks concatenate to what ``Speech.run`` returns for it, while its first
 audio comes a few steps after it started.
 
 On CUDA that decode runs on the codec's worker thread (``codecs/worker.py``), so the engine's
@@ -56,6 +58,7 @@ class _Live:
     samples: int = 0  # audio samples reported so far (all segments)
     open_segment: int | None = None  # the segment being decoded (decoder key (id, segment))
     stream: bool = True  # False: one-shot, its audio decoded whole when it finishes
+    audio_only: bool = False  # its reply is audio from the first step (TTS): pieces may come a chunk at a time
     dropped: bool = False  # cancelled or failed: audio still being decoded for it is dropped
     submitted_step: int = 0  # the streamer's step count when it was submitted
     submitted_at: float = 0.0  # perf_counter time it was submitted
@@ -152,7 +155,7 @@ class SpeechStreamer:
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
         live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream,
-                     submitted_step=self.steps, submitted_at=time.perf_counter())
+                     audio_only=request.starts_in_audio, submitted_step=self.steps, submitted_at=time.perf_counter())
         self._live[id] = live
         self.engine.submit(dataclasses.replace(request, stream=stream, tag=live))
 
@@ -192,6 +195,7 @@ class SpeechStreamer:
         ended: list = []
         finished: list[_Live] = []
         whole: list[tuple[_Live, np.ndarray]] = []  # one-shot requests finished in this step
+        pieces: list = []  # (live, piece) of the streamed requests that go on
         for out in outputs:
             live = out.tag
             if not isinstance(live, _Live) or self._live.get(live.id) is not live:
@@ -227,11 +231,16 @@ class SpeechStreamer:
                 events.append(TextPiece(live.id, text))
             if out.finished:
                 finished.append(live)
+            elif live.audio_only:
+                pieces.append((live, out))
         for key in [k for k in frames if k[0] not in self._live]:  # failed in this step
             del frames[key]
         ended = [k for k in ended if k[0] in self._live]
         decoding = time.perf_counter()
         plans = self.decoder.plan(frames, ended)
+        for live, out in pieces:  # the next piece when its next chunk can go, not every step
+            if live.reader.in_audio and self._live.get(live.id) is live:
+                self.engine.report_after(out, self.decoder.frames_wanted((live.id, live.reader.segment)))
         windows = [p.codes for p in plans if p.codes is not None]
         closing = finished + [live for live, _ in whole]
         for live in closing:  # out of the engine; closed once its audio is handed out
