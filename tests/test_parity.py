@@ -288,3 +288,25 @@ def test_streamed_pieces_add_up_to_the_whole_output(engine):
         assert len(parts) > 1 or len(whole[tag].token_ids) == 1
         assert sum((p.token_ids for p in parts), []) == whole[tag].token_ids
         np.testing.assert_array_equal(np.concatenate([p.aux for p in parts]), whole[tag].aux)
+
+
+@pytest.mark.parametrize("every", [2, 5])
+def test_streamed_pieces_asked_for_every_few_tokens_still_add_up(engine, every):
+    """``report_after``: after its first piece a streamed request's pieces come only once
+    ``every`` new tokens came (vLLM's per-request stream interval, set mid-request), its last one
+    as always; nothing is dropped or repeated: they concatenate to the one-piece output."""
+    from dataclasses import replace
+
+    reqs = mixed_requests(engine, np.random.default_rng(3))[:6]
+    whole = {o.tag: o for o in engine.generate(reqs)}
+    pieces = {}
+    for out in engine.generate([replace(r, stream=True) for r in reqs]):
+        if not pieces.get(out.tag):
+            engine.report_after(out, every)  # (a finished request: nothing to do)
+        pieces.setdefault(out.tag, []).append(out)
+    for tag, parts in pieces.items():
+        assert [p.finished for p in parts] == [False] * (len(parts) - 1) + [True]
+        assert all(len(p.token_ids) >= every for p in parts[1:-1])
+        assert len(parts) <= 2 + len(whole[tag].token_ids) // every
+        assert sum((p.token_ids for p in parts), []) == whole[tag].token_ids
+        np.testing.assert_array_equal(np.concatenate([p.aux for p in parts]), whole[tag].aux)

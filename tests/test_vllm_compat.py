@@ -417,6 +417,22 @@ def test_output_token_ids_are_kept_only_for_what_needs_them():
     assert "if self.sampled_token_ids_cpu is None or not output_token_ids:" in update
 
 
+def test_a_requests_stream_interval_is_read_per_request_from_its_sent_offset():
+    """report_after sets a RequestState's ``stream_interval`` (and, the first time, its
+    ``sent_tokens_offset``) mid-request: vLLM must read both per request when it makes each
+    output, and hand out every held-back token at the end (DELTA from the offset)."""
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+
+    make = inspect.getsource(RequestState.make_request_output)
+    assert "if self.stream_interval > 1:" in make
+    assert "self.detokenizer.num_output_tokens() - self.sent_tokens_offset" in make
+    assert "new_token_ids = self.detokenizer.output_token_ids[" in make and "self.sent_tokens_offset :" in make
+    assert "finished" in make.split("if self.stream_interval > 1:")[1].split("return None")[0]
+    processor = inspect.getsource(OutputProcessor)
+    assert "self.request_states[request_id] = req_state" in processor
+    assert "self.external_req_ids[req_state.external_req_id].append(request_id)" in processor
+
+
 def test_no_step_graphs_under_tensor_parallelism(monkeypatch):
     """Under TP the per-step work holds collectives that vLLM's custom all-reduce runs in a graph
     only inside vLLM's own capture (vllm_compat.step_graph_sizes): speechctl captures none there."""
