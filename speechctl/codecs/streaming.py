@@ -139,8 +139,9 @@ class StreamingDecoder:
         """The frames of the windows a request's chunks are decoded in, from its first to the
         full chunks' (``steady``; its last is the shortest of these that holds the rest), for the
         codec's decode graphs (``Codec.record_decode_graphs``); a request's frames that come
-        several chunks at once, or that end it shorter than its last window, make others. Where every window reaches back to frame 0 (Mimi's
-        unbounded left context) each has its own length: its first four chunks'."""
+        several chunks at once, or that end it shorter than its last window, make others. Where
+        every window reaches back to frame 0 (Mimi's unbounded left context) each has its own
+        length: its first four chunks'."""
         if not bounded((self.left, self.right)):
             ends, end, size = [], 0, self.first_chunk
             for _ in range(4):

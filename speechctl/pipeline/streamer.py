@@ -10,10 +10,11 @@ Requests run as ``stream`` requests: the engine reports their new tokens on all 
 :class:`speechctl.models.audio_stream.AudioStreamReader` turns them into code frames as soon as
 each frame is complete on every stream, and one :class:`StreamingDecoder` plans the ready chunks
 of all requests; they and the step's finished one-shot requests are decoded in one batched codec
-call. A TTS request's tokens are reported when its next chunk can go (``frames_wanted``), not at
-every step: at 64 streamed requests a piece per request per step was most of what streaming
-cost the host beside one-shot (vLLM's outputs, the engine's pieces, the reader's reads). So a request's chunks concatenate to what ``Speech.run`` returns for it, while its first
-audio comes a few steps after it started.
+call. A TTS request's tokens are reported when its next chunk can go (``frames_wanted``,
+``SpeechEngine.report_after``), not at every step: at 64 streamed requests a piece per request
+per step was most of what streaming cost the host beside one-shot (vLLM's outputs, the engine's
+pieces, the reader's reads). So a request's chunks concatenate to what ``Speech.run`` returns
+for it, while its first audio comes a few steps after it started.
 
 On CUDA that decode runs on the codec's worker thread (``codecs/worker.py``), so the engine's
 next step does not wait for it: a step hands out the audio decoded since the last, in the order
