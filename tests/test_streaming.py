@@ -460,6 +460,8 @@ def test_stream_bench_measures_both_modes(speech):
     assert [r["concurrency"] for r in result["tts"]] == [1, 2] and len(lines) == 3
     for row in result["tts"]:
         assert 0 < row["streaming_ttfa_s"] <= row["streaming_last_s"] and row["one_shot_ttfa_s"] > 0
+        # a request's pieces come a chunk apart (report_after), not one a step
+        assert 1 <= row["streaming_parts_s"]["pieces_per_request"] < row["streaming_parts_s"]["steps"] / 2
     turn = result["turn"]
     assert turn["streaming"]["reply_audio_s"] == turn["one_shot"]["reply_audio_s"] > 0  # same reply
     assert turn["streaming"]["asr_s"] <= turn["streaming"]["first_audio_s"] <= turn["streaming"]["last_audio_s"]

@@ -134,7 +134,8 @@ def _streamed(speech, count: int, frames: int, first_chunk: int, max_chunk: int)
             if event.last:
                 last[event.id] = now
     _check_lengths(speech, samples, frames)
-    parts = {"steps": streamer.steps, **streamer.seconds, "codec_busy": streamer.codec_busy_s}
+    parts = {"steps": streamer.steps, **streamer.seconds, "codec_busy": streamer.codec_busy_s,
+             "pieces_per_request": streamer.pieces / count}  # (one a step before report_after)
     return list(first.values()), list(last.values()), parts
 
 

@@ -109,6 +109,7 @@ class SpeechStreamer:
         # in the engine, handing out their audio), and the rest (each request's tokens to its reader)
         self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
         self.steps = 0
+        self.pieces = 0  # streamed requests' pieces the engine handed out before their end
         # per streamed request, its wait for first audio: the steps until it was handed out, of
         # them the steps until its first chunk was planned (the engine's part), and the seconds
         # from then (the codec's part; on the CPU the decode runs in the step that planned it);
@@ -206,6 +207,7 @@ class SpeechStreamer:
                 continue
             if live.first_output is None:
                 live.first_output = (self.steps, stepped)
+            self.pieces += live.stream and not out.finished
             if not live.stream:
                 try:
                     (codes,) = self.speech.prompts.audio_segments(out, starts_in_audio=True)
