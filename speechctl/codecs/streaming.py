@@ -130,9 +130,7 @@ class StreamingDecoder:
     def frames_wanted(self, key: Hashable) -> int:
         """How many more frames the request must push before its next chunk can go (at least 1):
         its reader need not look for frames before then (``AudioStreamReader.feed``'s ``wanted``)."""
-        s = self._streams.get(key)
-        if s is None:
-            return self.first_chunk + self.first_right
+        s = self._streams.get(key) or _Stream(next_chunk=self.first_chunk)  # (not started: its first chunk)
         return max(1, s.emitted + s.next_chunk + self._lookahead(s.emitted) - s.frames)
 
     def window_lengths(self) -> list[int]:
