@@ -118,12 +118,13 @@ class Speech:
         while failed:
             yield failed.popleft()
 
-    def stream_tts(self, jobs: Iterable[TtsJob] | str, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
+    def stream_tts(self, jobs: Iterable[TtsJob] | str, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int | None = None,
                    first_lookahead: int | None = None, **options) -> Iterator[TtsChunk]:
         """Stream TTS: yield ``TtsChunk``s as the codec decodes them, while the audio is still
         being generated (jobs batched together; a string is one job with ``options``). A job's
         chunks concatenate to its ``run`` result (same codes; samples equal up to float rounding).
-        Chunks are ``first_chunk`` frames, then ``growth`` times larger up to ``max_chunk``;
+        Chunks are ``first_chunk`` frames, then ``growth`` times larger up to ``max_chunk`` (None:
+        ``speechctl.codecs.streaming.MAX_CHUNK``);
         ``first_lookahead`` frames past the first chunk let it go early and inexact (None: exact);
         see ``speechctl.codecs.streaming``."""
         from speechctl.pipeline.streamer import SpeechStreamer

@@ -181,7 +181,7 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     speech.codec.use_decode_graphs()
     try:
         result = run_workload_bench(speech, rates=(0.8,), requests=5, log=lambda line: None, eager_codec_rates=(0.8,),
-                                    lookahead_rates=(0.8,), first_lookahead=1)
+                                    lookahead_rates=(0.8,), first_lookahead=1, max_chunks=(32, 4))
         guides = speech.checkpoint.family.cfg is not None
         assert result["codec_decode_context"] == list(speech.codec.decode_context)
         assert speech.codec.decode_graphs is None  # eager for the last round
@@ -192,7 +192,12 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     assert (eager["load"], eager["requests"], eager["audio_s"]) == (0.8, 5, result["saturation"]["audio_s"])
     assert result["codec_graphs_recorded_timed"] == 0  # every shape recorded before the timed rounds
     assert result["saturation"]["codec_graphs_recorded"] == result["uniform_saturation"]["codec_graphs_recorded"] == 0
-    (row,) = result["results"]
+    row, small = result["results"]  # the load at each largest chunk, the same arrivals
+    assert result["max_chunks"] == [32, 4] and (row["max_chunk"], small["max_chunk"]) == (32, 4)
+    assert (small["load"], small["audio_s"], small["streamed"]) == (row["load"], row["audio_s"], row["streamed"])
+    # smaller chunks: more windows, so more context decoded again; the first chunk no later
+    assert small["streamed_window_frames"] > row["streamed_window_frames"] > 0
+    assert small["first_chunk_planned_steps_p50"] == row["first_chunk_planned_steps_p50"]
     assert row["requests"] == 5 and row["audio_s"] == result["saturation"]["audio_s"] > 0
     assert row["ttfa_p50_ms"] <= row["e2e_p50_ms"] and row["ttfa_p95_ms"] <= row["e2e_p95_ms"]
     streamed = sum(stream for _, stream in workload(5, np.random.default_rng(0), result["codec_frame_rate"], guides))

@@ -25,6 +25,7 @@ from pathlib import Path
 from speechctl.accelerator import has_cuda
 from speechctl.bench.report import environment
 from speechctl.bench.shapes import SHAPES, describe
+from speechctl.codecs.streaming import MAX_CHUNK
 from speechctl.engine.params import Sampling
 from speechctl.errors import EngineError
 
@@ -38,7 +39,7 @@ def run_stream_bench(
     frames: int = 64,
     repeats: int = 3,
     first_chunk: int = 2,
-    max_chunks=(32,),
+    max_chunks=(MAX_CHUNK,),
     turn: bool = True,
     reply_tokens: int = 96,
     engine_overrides: dict | None = None,

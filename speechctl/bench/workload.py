@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from speechctl.codecs.streaming import StreamingDecoder
+from speechctl.codecs.streaming import MAX_CHUNK, StreamingDecoder
 from speechctl.engine.params import Guidance, Sampling
 from speechctl.errors import EngineError
 from speechctl.jobs import TtsJob
@@ -71,11 +71,12 @@ def fixed_length(speech, job: TtsJob):
 
 
 def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = FIRST_CHUNK,
-          first_lookahead: int | None = None) -> tuple[dict, dict]:
+          first_lookahead: int | None = None, max_chunk: int = MAX_CHUNK) -> tuple[dict, dict]:
     """Submit each job at its arrival time (seconds from now) and step the engine until all are
     done; per job: arrival, first audio, last audio (times from the start), audio seconds; and
     where the steps' time went (``SpeechStreamer.seconds``). ``first_lookahead``: the streamed
-    requests' first chunks wait for that many frames past them (None: exact chunks)."""
+    requests' first chunks wait for that many frames past them (None: exact chunks);
+    ``max_chunk``: their largest chunk."""
     from speechctl.pipeline.streamer import SpeechStreamer
 
     # every round's prompts prefilled as new requests' are: the saturated rounds and the loads
@@ -83,7 +84,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # first's (the first saturated round waited 332 ms for its first outputs, the next three
     # 65-81: H200, forty-sixth session)
     speech.engine.forget_cached_prompts()
-    streamer = SpeechStreamer(speech, first_chunk=first_chunk, first_lookahead=first_lookahead)
+    streamer = SpeechStreamer(speech, first_chunk=first_chunk, first_lookahead=first_lookahead, max_chunk=max_chunk)
     graphs_before = speech.codec.decode_graphs_recorded
     start = time.perf_counter()
     pending = sorted(zip(arrivals, range(len(jobs))))
@@ -115,8 +116,11 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # the codec's decode graphs recorded in this round (each a capture beside the engine's steps,
     # which waited for it in the fortieth session's varied round): which round paid for them
     recorded = max(0, speech.codec.decode_graphs_recorded - graphs_before)  # (0 where they fell back to eager)
+    # the streamed requests' windows: their frames with the context decoded again beside each
+    # chunk (the one-shot requests' audio is decoded whole, apart from these)
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
-                  "codec_graphs_recorded": recorded, "first_audio": streamer.first_audio}
+                  "codec_graphs_recorded": recorded, "streamed_window_frames": streamer.decoder.window_frames,
+                  "first_audio": streamer.first_audio}
 
 
 def summarize(driven: tuple[dict, dict]) -> dict:
@@ -195,7 +199,8 @@ def _memory(speech) -> dict | None:
 
 
 def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 64, seed: int = 0, log=print,
-                       partial=None, eager_codec_rates=(), lookahead_rates=(), first_lookahead: int = 4) -> dict:
+                       partial=None, eager_codec_rates=(), lookahead_rates=(), first_lookahead: int = 4,
+                       max_chunks=(MAX_CHUNK,)) -> dict:
     """``rates``: fractions of the saturated request rate. ``speech``: a loaded ``Speech``.
     ``partial(result)`` is called after the saturated run and after every rate (a run cut short
     by a time limit still leaves what it measured). ``lookahead_rates``: loads run again, the
@@ -203,7 +208,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     of the codec's whole right context (``first_lookahead``: the inexact first chunk's TTFA side
     by side with the exact one's). ``eager_codec_rates``: loads run again at the end, the same
     arrivals, with the codec decoding eagerly (``eager_codec``: what its CUDA graphs are worth,
-    side by side; nothing where it has none)."""
+    side by side; nothing where it has none). ``max_chunks``: the streamed requests' largest
+    chunks; the saturated rounds and the other rounds use the first, and each load runs at every
+    one, the same arrivals (a row per load and largest chunk, side by side)."""
     from speechctl.bench.report import environment
 
     cfg = speech.checkpoint.family.cfg is not None
@@ -214,14 +221,16 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     # steps after it allocate their blocks anew (recorded between the warm-up and the first timed
     # round, the varied one, that round's prefill waited 307 ms for its first output against the
     # uniform round's 94: H200, forty-fifth session)
-    early = StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, first_lookahead=first_lookahead)
-    for decoder in [StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK)] + ([early] if lookahead_rates else []):
+    max_chunks = list(max_chunks)
+    early = StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, first_lookahead=first_lookahead, max_chunk=max_chunks[0])
+    exact = [StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, max_chunk=m) for m in max_chunks]
+    for decoder in exact + ([early] if lookahead_rates else []):
         speech.codec.record_decode_graphs(decoder.window_lengths(), most_rows=1 << 20, padded=True)
     # warm-up, a saturated round of other texts and settings: compiles, graphs and the allocator
     # at the timed rounds' batch sizes, so that the first timed round (the varied one) pays for
     # nothing the uniform round after it does not
     warm = workload(requests, np.random.default_rng(seed + 1), rate, cfg)
-    drive(speech, warm, [0.0] * len(warm))
+    drive(speech, warm, [0.0] * len(warm), max_chunk=max_chunks[0])
     memory = _memory(speech)  # before the timed runs: a run that ran out reads by it (the log has it)
     log(f"memory: {memory}")
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
@@ -231,7 +240,8 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     # every request at once, in ROUND_ORDER: whatever drifts through the four rounds (or favours
     # the first) weighs on both settings alike; one pair read 1.000, 0.889 and 0.864 in three runs
     round_jobs = {"varied": jobs, "uniform": uniform(jobs)}
-    rounds = [summarize(drive(speech, round_jobs[settings], [0.0] * len(jobs))) for settings in ROUND_ORDER]
+    rounds = [summarize(drive(speech, round_jobs[settings], [0.0] * len(jobs), max_chunk=max_chunks[0]))
+              for settings in ROUND_ORDER]
     saturated, same = rounds[ROUND_ORDER.index("varied")], rounds[ROUND_ORDER.index("uniform")]
     saturated_rate = saturated["audio_s_per_s"] / mean_audio  # requests/s the engine sustains
     summed = {settings: sum(r["audio_s_per_s"] for s, r in zip(ROUND_ORDER, rounds) if s == settings) for settings in round_jobs}
@@ -248,6 +258,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         "codec_decode_context": list(speech.codec.decode_context),
         "codec_decode_graphs": speech.codec.decode_graphs,  # None: it decodes eagerly (codecs/base.py)
         "requests_per_rate": requests,
+        "max_chunks": max_chunks,  # the streamed requests' largest chunks (the saturated rounds: the first)
         "mix": {"streamed": 0.5, "cfg": 0.25 if cfg else 0.0, "words": [3, 60], "frames_per_word": FRAMES_PER_WORD,
                 "top_k": [1, 500], "top_p": [0.9, 0.95, 1.0], "temperature": [0.5, 1.2]},
         "saturation": saturated,
@@ -277,16 +288,18 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
 
     counted()
 
-    def at_load(fraction: float, first_lookahead: int | None = None) -> dict:
+    def at_load(fraction: float, first_lookahead: int | None = None, max_chunk: int = max_chunks[0]) -> dict:
         offered = fraction * saturated_rate
         arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
-        driven = drive(speech, jobs, arrivals, first_lookahead=first_lookahead)
-        return {"load": fraction, "offered_requests_per_s": round(offered, 3), **summarize(driven)}
+        driven = drive(speech, jobs, arrivals, first_lookahead=first_lookahead, max_chunk=max_chunk)
+        return {"load": fraction, "max_chunk": max_chunk, "offered_requests_per_s": round(offered, 3), **summarize(driven)}
 
     for fraction in rates:
-        rows.append(at_load(fraction))
-        log(f"load {fraction:.2f}: {described(rows[-1])}")
-        counted()
+        for max_chunk in max_chunks:
+            rows.append(at_load(fraction, max_chunk=max_chunk))
+            chunked = f", largest chunk {max_chunk}" if len(max_chunks) > 1 else ""
+            log(f"load {fraction:.2f}{chunked}: {described(rows[-1])}")
+            counted()
     if lookahead_rates:
         result["first_lookahead"] = {"frames": early.first_right, "exact_frames": early.right, "results": []}
         for fraction in lookahead_rates:

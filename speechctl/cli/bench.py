@@ -26,7 +26,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--requests", type=click.IntRange(1), default=64, show_default=True, help="--workload: requests per rate.")
 @click.option("--model", "model", default=None, metavar="DIR|ORG/NAME", help="--workload, --stream: a checkpoint (vLLM's random weights where it has none; its own codec); default: --shape.")
 @click.option("--random-weights", is_flag=True, help="--workload, --stream with --model: vLLM draws the model's weights at random (speed does not depend on their values), whatever the checkpoint holds; its codec is read from it. A checkpoint without weight files runs so anyway.")
-@click.option("--max-chunks", default="32", show_default=True, help="--stream: the streamed chunks' largest size in frames, comma-separated: a row for each at every concurrency.")
+@click.option("--max-chunks", default=None, help="--stream, --workload: the streamed chunks' largest size in frames, comma-separated: a row for each at every concurrency (--workload: at every load; its saturated rounds take the first). Default: the streamer's own.")
 @click.option("--no-turn", is_flag=True, help="--stream: TTS only, skip the chat turn (Whisper + response LM).")
 @click.option("--asr-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's Whisper (default whisper-tiny.en).")
 @click.option("--lm-model", default=None, metavar="NAME|DIR", help="--stream: the chat turn's response LM (default tiny-lm).")
@@ -62,6 +62,7 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
             write_json_atomic(out, {"command": command_line(ctx), **result})
 
     levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    chunks = _max_chunks(max_chunks)
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else None
     if cfg + stream + workload + arnar > 1:
         raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")
@@ -90,7 +91,7 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
                                         log=lambda line: click.echo(line, err=True), partial=save,
                                         eager_codec_rates=[float(x) for x in eager_codec_rates.split(",") if x.strip()],
                                         lookahead_rates=[float(x) for x in lookahead_rates.split(",") if x.strip()],
-                                        first_lookahead=first_lookahead)
+                                        first_lookahead=first_lookahead, **chunks)
         finally:
             speech.close()
         save(result)
@@ -117,17 +118,11 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
     if stream:
         from speechctl.bench.stream import run_stream_bench
 
-        try:
-            chunks = [int(x) for x in max_chunks.split(",") if x.strip()]
-        except ValueError:
-            chunks = []
-        if not chunks or min(chunks) < 2:  # (the first chunk is 2 frames)
-            raise InputError(f"--max-chunks: frames (at least 2), comma-separated; got {max_chunks!r}")
         speech = _workload_speech(model, shape, overrides, random_weights) if model else None
         try:
             result = run_stream_bench(
-                shape, levels, frames, repeats, max_chunks=chunks, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
-                speech=speech, log=lambda line: click.echo(line, err=True)
+                shape, levels, frames, repeats, turn=not no_turn, asr_model=asr_model, lm_model=lm_model, engine_overrides=overrides,
+                speech=speech, log=lambda line: click.echo(line, err=True), **chunks
             )
         finally:
             if speech is not None:
@@ -144,6 +139,21 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
     if plot:
         plot_cfg(result, plot)
     click.echo(json.dumps(result["results"], indent=2))
+
+
+def _max_chunks(text: str | None) -> dict:
+    """``--max-chunks`` as the benches' keyword (none: each bench's default, the streamer's own)."""
+    from speechctl.errors import InputError
+
+    if text is None:
+        return {}
+    try:
+        chunks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        chunks = []
+    if not chunks or min(chunks) < 2:  # (the first chunk is 2 frames)
+        raise InputError(f"--max-chunks: frames (at least 2), comma-separated; got {text!r}")
+    return {"max_chunks": chunks}
 
 
 def _workload_speech(model, shape, overrides, random_weights=False):

@@ -1,6 +1,6 @@
 """Streaming decode: turn code frames into waveform chunks while they are still being generated.
 
-    decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=32)
+    decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=MAX_CHUNK)
     for step in generation:                                  # many requests at once
         chunks = decoder.step({key: new_frames [K, n]}, ended={keys that finished})
         for chunk in chunks: play(chunk.key, chunk.audio)    # float32 [n_frames * hop_length]
@@ -51,6 +51,7 @@ import numpy as np
 from speechctl.codecs.base import Codec
 from speechctl.codecs.batching import bounded
 
+MAX_CHUNK = 32  # frames of a streamed request's largest chunk, where a caller names none
 
 @dataclass
 class Chunk:
@@ -104,13 +105,14 @@ class StreamingDecoder:
         codec: the codec; its ``decode_context`` = (left, right) frames sets the windows.
         first_chunk: frames in a request's first chunk (1-4 keeps the first audio early).
         growth: each next chunk is ``growth`` times the previous one ...
-        max_chunk: ... up to this many frames.
+        max_chunk: ... up to this many frames (None: ``MAX_CHUNK``).
         first_lookahead: frames the first chunk waits for past its end (None: the codec's right
             context, every sample final; fewer: an earlier, inexact first chunk, see module doc).
     """
 
-    def __init__(self, codec: Codec, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
+    def __init__(self, codec: Codec, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int | None = None,
                  first_lookahead: int | None = None):
+        max_chunk = MAX_CHUNK if max_chunk is None else max_chunk
         if first_chunk < 1 or max_chunk < first_chunk or growth < 1 or (first_lookahead or 0) < 0:
             raise ValueError(f"bad chunking: first_chunk={first_chunk}, growth={growth}, max_chunk={max_chunk}, "
                              f"first_lookahead={first_lookahead}")
@@ -122,6 +124,7 @@ class StreamingDecoder:
         self._lengths = self.window_lengths() if bounded(codec.decode_context) else []
         self._streams: dict[Hashable, _Stream] = {}
         self.decode_calls = 0  # batched codec calls made (one per step with anything ready)
+        self.window_frames = 0  # code frames in the windows planned: the chunks' and their context's
 
     def _lookahead(self, emitted: int) -> int:
         """Frames that must exist past a chunk that starts at frame ``emitted`` before it goes."""
@@ -202,6 +205,7 @@ class StreamingDecoder:
                 s.next_chunk = size
                 s.emitted = end
                 s.forget_before(max(0, s.emitted - self.steady))  # the last window reaches back this far
+        self.window_frames += sum(p.codes.shape[-1] for p in plans if p.codes is not None)
         return plans
 
     def cut(self, plans: list[Plan], waves) -> list[Chunk]:

@@ -88,7 +88,7 @@ class _Decoding:
 class SpeechStreamer:
     """Streaming TTS (and unified speech replies) on one ``Speech`` (see module doc)."""
 
-    def __init__(self, speech, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int = 32,
+    def __init__(self, speech, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int | None = None,
                  first_lookahead: int | None = None, decode_thread: bool | None = None):
         """``decode_thread``: decode on the codec's worker thread (None: on CUDA only). The
         chunking arguments are ``StreamingDecoder``'s."""
