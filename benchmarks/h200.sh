@@ -67,13 +67,14 @@ for stage in "$@"; do
       # (WL_SHAPES=higgs: the real one alone; WL_RATES: the loads; WL_EAGER_RATES: loads again with Higgs'
       # codec eager, no CUDA graphs; the rates before them decode in graphs, SPEECHCTL_CODEC_GRAPHS=1 unless set;
       # WL_LOOKAHEAD_RATES: loads again with the first chunk WL_LOOKAHEAD frames past it, not the whole right context;
+      # WL_MAX_CHUNKS=32,128: Higgs' loads at each largest streamed chunk, the same arrivals;
       # each JSON is rewritten after every rate)
       [[ " ${WL_SHAPES:-llama higgs} " == *" llama "* ]] && \
       timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --shape llama-1b --requests "${WL_REQUESTS:-128}" --rates "${WL_RATES:-0.3,0.5,0.7,0.9,1.2}" \
         --out "$OUT/workload-llama-1b.json" --plot "$OUT/workload-llama-1b.png" 2> "$OUT/workload-llama.log" | tail -3
       [[ " ${WL_SHAPES:-llama higgs} " == *" higgs "* ]] && python3 benchmarks/family_checkpoint.py higgs_audio_v2 /tmp/higgs-3b > /dev/null 2>&1 && \
       SPEECHCTL_CODEC_GRAPHS=${SPEECHCTL_CODEC_GRAPHS:-1} timeout "${WL_TIMEOUT:-250}" python3 -m speechctl.cli bench --workload --model /tmp/higgs-3b --random-weights --requests "${WL_REQUESTS:-128}" --rates "${WL_RATES:-0.3,0.5,0.7,0.9,1.2}" --eager-codec-rates "${WL_EAGER_RATES:-}" --lookahead-rates "${WL_LOOKAHEAD_RATES:-}" --first-lookahead "${WL_LOOKAHEAD:-4}" \
-        --out "$OUT/workload-higgs-3b.json" --plot "$OUT/workload-higgs-3b.png" 2> "$OUT/workload-higgs.log" | tail -3
+        ${WL_MAX_CHUNKS:+--max-chunks "$WL_MAX_CHUNKS"} --out "$OUT/workload-higgs-3b.json" --plot "$OUT/workload-higgs-3b.png" 2> "$OUT/workload-higgs.log" | tail -3
       grep -E "^saturation|^load" "$OUT"/workload-*.log
       ;;
     stream-real)  # time to first audio with the family's real codec: Higgs 3B (its 24 kHz tokenizer), CSM 1B (Mimi)
