@@ -191,6 +191,7 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     (eager,) = result["eager_codec"]
     assert (eager["load"], eager["requests"], eager["audio_s"]) == (0.8, 5, result["saturation"]["audio_s"])
     assert result["codec_graphs_recorded_timed"] == 0  # every shape recorded before the timed rounds
+    assert result["triton_kernels_compiled_timed"] == 0  # (the CPU's engine has no Triton kernels)
     assert result["saturation"]["codec_graphs_recorded"] == result["uniform_saturation"]["codec_graphs_recorded"] == 0
     row, small = result["results"]  # the load at each largest chunk, the same arrivals
     assert result["max_chunks"] == [32, 4] and (row["max_chunk"], small["max_chunk"]) == (32, 4)
@@ -245,6 +246,21 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     rate = [r["audio_s_per_s"] for r in rounds]
     assert result["varied_vs_uniform"] == pytest.approx((rate[0] + rate[3]) / (rate[1] + rate[2]), abs=1e-3)
     assert result["graph_captures_timed"] == 0  # the CPU has no per-step graphs
+
+
+def test_workload_counts_the_kernels_triton_compiles(monkeypatch, tmp_path):
+    """A kernel Triton compiles mid-run (vLLM's fused MoE kernel for a tile not met in the warm-up)
+    stalls the step that meets it, unseen by torch's compile counters: the workload counts the
+    kernels Triton's on-disk cache gains."""
+    from triton import knobs
+
+    from speechctl.bench.workload import _triton_kernels
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "cache"))
+    assert _triton_kernels() == 0  # (no cache folder yet)
+    for name in ("AbC", "dEf"):
+        (tmp_path / "cache" / name).mkdir(parents=True)
+    assert _triton_kernels() == 2
 
 
 def test_arnar_bench_sets_both_models_side_by_side():

@@ -85,7 +85,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # 65-81: H200, forty-sixth session)
     speech.engine.forget_cached_prompts()
     streamer = SpeechStreamer(speech, first_chunk=first_chunk, first_lookahead=first_lookahead, max_chunk=max_chunk)
-    graphs_before = speech.codec.decode_graphs_recorded
+    graphs_before, kernels_before = speech.codec.decode_graphs_recorded, _triton_kernels()
     start = time.perf_counter()
     pending = sorted(zip(arrivals, range(len(jobs))))
     seen = {job.id: {"arrival": t, "stream": stream} for t, (job, stream) in zip(arrivals, jobs)}
@@ -119,7 +119,8 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # the streamed requests' windows: their frames with the context decoded again beside each
     # chunk (the one-shot requests' audio is decoded whole, apart from these)
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
-                  "codec_graphs_recorded": recorded, "streamed_window_frames": streamer.decoder.window_frames,
+                  "codec_graphs_recorded": recorded, "triton_kernels_compiled": _triton_kernels() - kernels_before,
+                  "streamed_window_frames": streamer.decoder.window_frames,
                   "first_audio": streamer.first_audio}
 
 
@@ -174,13 +175,29 @@ def described(row: dict) -> str:
             f"to plan {row['ttfa_parts_ms']['first_output_to_plan']['p50']} ms at {row['decode_step_ms_before_first_chunk_p50']} ms/step), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
             f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s "
-            f"and recorded {row['codec_graphs_recorded']} decode graphs")
+            f"and recorded {row['codec_graphs_recorded']} decode graphs; Triton compiled {row['triton_kernels_compiled']} kernels")
 
 
 def _compiles() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["frames"].values())
+
+
+def _triton_kernels() -> int:
+    """Kernels in Triton's on-disk cache: one more for each kernel Triton compiles (its own JIT,
+    as vLLM's fused MoE kernel's for a tile or specialization not met before, which torch's
+    compile counters do not see; a stall in the step that meets it). Where a cache from an
+    earlier process has the kernel, it is read, not compiled, and not counted."""
+    import os
+
+    try:
+        from triton import knobs
+
+        folder = knobs.cache.dir
+    except (ImportError, AttributeError):  # (no Triton: the CPU; an older one)
+        folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return len(os.listdir(folder)) if os.path.isdir(folder) else 0
 
 
 def _memory(speech) -> dict | None:
@@ -235,7 +252,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     log(f"memory: {memory}")
     jobs = workload(requests, np.random.default_rng(seed), rate, cfg)
     mean_audio = float(np.mean([j.max_seconds for j, _ in jobs]))
-    captures, compiles = speech.engine.stats()["graph_captures"], _compiles()
+    captures, compiles, kernels = speech.engine.stats()["graph_captures"], _compiles(), _triton_kernels()
     codec_graphs = speech.codec.decode_graphs_recorded
     # every request at once, in ROUND_ORDER: whatever drifts through the four rounds (or favours
     # the first) weighs on both settings alike; one pair read 1.000, 0.889 and 0.864 in three runs
@@ -278,6 +295,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     def counted() -> None:  # the timed runs' captures and compiles so far; the result so far written
         result["graph_captures_timed"] = speech.engine.stats()["graph_captures"] - captures
         result["compiled_frames_timed"] = _compiles() - compiles
+        result["triton_kernels_compiled_timed"] = _triton_kernels() - kernels
         # the codec's decode graphs recorded mid-run: on its worker thread, not in the step loop,
         # but each one a slower decode that the audio behind it waits for (the eager rounds at
         # the end record none)
