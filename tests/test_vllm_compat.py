@@ -434,8 +434,8 @@ def test_a_requests_stream_interval_is_read_per_request_from_its_sent_offset():
 
 
 def test_the_engine_runs_its_steps_on_the_high_priority_stream_set_before_it(monkeypatch):
-    """steps_ahead_of_the_codec sets a stream through torch.cuda.set_stream before vLLM's first
-    engine: vLLM must record it (its patched set_stream), hand it out as the thread's stream
+    """steps_ahead_of_the_codec (opt-in) sets a stream through torch.cuda.set_stream before
+    vLLM's first engine: vLLM must record it (its patched set_stream), hand it out as the thread's stream
     rather than make its own, and capture its CUDA graphs on that stream. Run here with a stand-in
     stream: vLLM's own current_stream() returns it."""
     import threading
@@ -464,9 +464,9 @@ def test_the_engine_runs_its_steps_on_the_high_priority_stream_set_before_it(mon
     monkeypatch.setattr(torch.cuda, "set_stream", torch_utils._patched_set_stream)  # (as on CUDA)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv("SPEECHCTL_ENGINE_STREAM", "vllm")
-    assert not vllm_compat.steps_ahead_of_the_codec()  # (vLLM's own, for benchmarks to compare)
-    monkeypatch.delenv("SPEECHCTL_ENGINE_STREAM")
+    monkeypatch.delenv("SPEECHCTL_ENGINE_STREAM", raising=False)
+    assert not vllm_compat.steps_ahead_of_the_codec()  # (vLLM's own unless asked, until measured)
+    monkeypatch.setenv("SPEECHCTL_ENGINE_STREAM", "high")
     assert vllm_compat.steps_ahead_of_the_codec()
     stream = torch_utils.current_stream()
     assert isinstance(stream, Stream) and stream.priority < 0  # lower is higher; vLLM's would be 0

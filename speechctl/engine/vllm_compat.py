@@ -7,8 +7,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 
 * the engine environment (``apply_engine_environment``, called when an engine starts; importing
   this module changes nothing): the V1 runner, an in-process engine, TP workers spawned on CUDA,
-  CPU cores split between TP ranks, vLLM's cached environment re-read; on CUDA, the stream vLLM
-  runs its steps on made at high priority (``steps_ahead_of_the_codec``).
+  CPU cores split between TP ranks, vLLM's cached environment re-read; on CUDA, opt-in, the
+  stream vLLM runs its steps on made at high priority (``steps_ahead_of_the_codec``).
 * ``StepView`` / ``attach_runtime`` / ``call_runtime``: the V1 runner's per-step buffers (query
   start locations, positions, token ids) the model reads before the forward; wiring the model's
   stream runtime to them and to the ``StreamTracker`` logits processor inside the runner;
@@ -121,20 +121,20 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
 
 
 def steps_ahead_of_the_codec() -> bool:
-    """On CUDA, before vLLM's first engine on this thread: give vLLM the stream it runs (and
-    captures) its steps on, made at the device's high priority. vLLM makes a dedicated stream the
-    first time a thread asks for one (``vllm.utils.torch_utils.current_stream``, at the default
-    priority, the lowest) unless a stream was set through ``torch.cuda.set_stream``, which it
-    patches to record. The codec decodes streamed chunks on its own default-priority stream
-    beside the steps (``Codec._on_own_stream``); where both have kernels waiting, the GPU's
-    block scheduler then starts the step's first and the codec takes what the step leaves: at 64
-    streamed requests the steps took 0.05 s longer than one-shot's, about the codec's busy time
-    beside them (H200, forty-eighth session). ``SPEECHCTL_ENGINE_STREAM=vllm`` leaves vLLM's own
-    (benchmarks compare the two). Returns whether it set one (not where vLLM already has a stream
-    on this thread: an engine built earlier, whose graphs were captured on it)."""
+    """With ``SPEECHCTL_ENGINE_STREAM=high``, on CUDA, before vLLM's first engine on this thread:
+    give vLLM the stream it runs (and captures) its steps on, made at high priority. vLLM makes a
+    dedicated stream the first time a thread asks for one (``vllm.utils.torch_utils.current_stream``,
+    at the default priority, the lowest) unless a stream was set through ``torch.cuda.set_stream``,
+    which it patches to record. The codec decodes streamed chunks on its own default-priority
+    stream beside the steps (``Codec._on_own_stream``); where both have kernels waiting, the
+    GPU's block scheduler then starts the step's first and the codec takes what the step leaves.
+    Why: at 64 streamed requests the steps took 0.05 s longer than one-shot's, about the codec's
+    busy time beside them (H200, forty-eighth session). Opt-in until a GPU run measures it against
+    vLLM's own stream (docs/gpu.md). Returns whether it set one (not where vLLM already has a
+    stream on this thread: an engine built earlier, whose graphs were captured on it)."""
     import torch
 
-    if os.environ.get("SPEECHCTL_ENGINE_STREAM", "high") == "vllm" or not torch.cuda.is_available():
+    if os.environ.get("SPEECHCTL_ENGINE_STREAM", "vllm") != "high" or not torch.cuda.is_available():
         return False
     from vllm.utils import torch_utils
 
