@@ -147,7 +147,7 @@ def test_the_fox_through_the_cli_is_spoken_by_the_voice(fox_through_the_cli):
     assert word_errors(FOX, heard.stdout) <= 8, heard.stdout
 
 
-SHORT_SEEDS = 16
+SHORT_SEEDS = 64  # one machine's 16 seeds swung from 12 of 16 "Hello world" exact to 1 of 16
 
 
 @pytest.fixture(scope="module")
@@ -167,15 +167,15 @@ def test_short_texts_are_read_across_seeds(short_texts_across_seeds):
     """Bars the voice meets wherever it runs; noise reads at about every word wrong (the fox 9 of
     9, "Hello world" 2 of 2, never exactly). The same seeds draw differently on another CPU (its
     kernels round differently, and one flipped token changes the rest of the draw), so the bars
-    sit below the voice's rates over many seeds, not at one machine's draw of seeds 0-15. Step
-    17,320 on an AVX2 CPU (bfloat16 emulated), 64 seeds in blocks of 16, at the voice's 0.2 / 10:
-    "Hello world" 1.36 of 2 words wrong, exactly at 26 of 64; the fox 3.61 of 9, at most one
-    wrong at 21 of 64 (at the 0.5 / 10 it sampled at before: 1.23, 22-23 of 64 exact, block
-    means 0.94-1.62; the fox 5.02, block means 4.06-5.62, 9 of 64). The machines before it drew
-    0.6 of 2 and 12 of 16 exact at seeds 0-15, and 7 of 24 at seeds 100-123 (lm-progress.md)."""
+    sit below the voice's rates over 64 seeds on every CPU measured, not at one machine's draw of
+    16. Step 17,320 at the voice's 0.2 / 10 (lm-progress.md): on an AVX2 EPYC (bfloat16
+    emulated) "Hello world" 1.36 of 2 words wrong, exactly at 26 of 64, the fox 3.61 of 9, at
+    most one wrong at 21 of 64; on an AVX-512 EPYC with bfloat16 in hardware 1.70, exactly at 15
+    of 64 (blocks of 16: 1, 6, 3, 5), the fox 3.50, 13 of 64. An AVX-512 Xeon drew 12 of 16 exact
+    at seeds 0-15."""
     fox, hello = short_texts_across_seeds[FOX], short_texts_across_seeds["Hello world"]
-    assert np.mean(fox) <= 6.5, fox
-    assert np.mean(hello) <= 1.75 and hello.count(0) >= 2, hello
+    assert np.mean(fox) <= 5.0 and sum(e <= 1 for e in fox) >= 6, fox
+    assert np.mean(hello) <= 1.85 and hello.count(0) >= 8, hello
 
 
 # Not strict: this is one draw (seed 1), and the same seed draws differently on another CPU (see
