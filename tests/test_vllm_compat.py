@@ -435,9 +435,9 @@ def test_a_requests_stream_interval_is_read_per_request_from_its_sent_offset():
 
 def test_the_engine_runs_its_steps_on_the_high_priority_stream_set_before_it(monkeypatch):
     """steps_ahead_of_the_codec (opt-in) sets a stream through torch.cuda.set_stream before
-    vLLM's first engine: vLLM must record it (its patched set_stream), hand it out as the thread's stream
-    rather than make its own, and capture its CUDA graphs on that stream. Run here with a stand-in
-    stream: vLLM's own current_stream() returns it."""
+    vLLM's first engine: vLLM must record it (its patched set_stream), hand it out as the
+    thread's stream rather than make its own, and capture its CUDA graphs on that stream. Run
+    here with a stand-in stream: vLLM's own current_stream() returns it."""
     import threading
 
     import torch

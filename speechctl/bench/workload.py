@@ -16,6 +16,7 @@ round submitted at once, then the same round with uniform settings (one sampling
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -189,8 +190,6 @@ def _triton_kernels() -> int:
     as vLLM's fused MoE kernel's for a tile or specialization not met before, which torch's
     compile counters do not see; a stall in the step that meets it). Where a cache from an
     earlier process has the kernel, it is read, not compiled, and not counted."""
-    import os
-
     try:
         from triton import knobs
 

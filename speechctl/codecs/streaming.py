@@ -53,6 +53,7 @@ from speechctl.codecs.batching import bounded
 
 MAX_CHUNK = 32  # frames of a streamed request's largest chunk, where a caller names none
 
+
 @dataclass
 class Chunk:
     """Decoded samples of one request: ``audio`` covers samples ``start`` .. ``start + len(audio)``
