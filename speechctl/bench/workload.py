@@ -16,6 +16,7 @@ round submitted at once, then the same round with uniform settings (one sampling
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from dataclasses import replace
@@ -120,7 +121,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # the streamed requests' windows: their frames with the context decoded again beside each
     # chunk (the one-shot requests' audio is decoded whole, apart from these)
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
-                  "codec_graphs_recorded": recorded, "triton_kernels_compiled": _triton_kernels() - kernels_before,
+                  "codec_graphs_recorded": recorded, **_triton_compiled_since(kernels_before),
                   "streamed_window_frames": streamer.decoder.window_frames,
                   "first_audio": streamer.first_audio}
 
@@ -176,7 +177,8 @@ def described(row: dict) -> str:
             f"to plan {row['ttfa_parts_ms']['first_output_to_plan']['p50']} ms at {row['decode_step_ms_before_first_chunk_p50']} ms/step), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
             f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s "
-            f"and recorded {row['codec_graphs_recorded']} decode graphs; Triton compiled {row['triton_kernels_compiled']} kernels")
+            f"and recorded {row['codec_graphs_recorded']} decode graphs; Triton compiled {row['triton_kernels_compiled']} kernels"
+            + "".join(f", {n} {name}" for name, n in row["triton_kernels_compiled_names"].items()))
 
 
 def _compiles() -> int:
@@ -185,18 +187,32 @@ def _compiles() -> int:
     return sum(counters["frames"].values())
 
 
-def _triton_kernels() -> int:
-    """Kernels in Triton's on-disk cache: one more for each kernel Triton compiles (its own JIT,
-    as vLLM's fused MoE kernel's for a tile or specialization not met before, which torch's
-    compile counters do not see; a stall in the step that meets it). Where a cache from an
-    earlier process has the kernel, it is read, not compiled, and not counted."""
+def _triton_kernels() -> dict[str, str]:
+    """Kernels in Triton's on-disk cache, entry -> kernel name: one more for each kernel Triton
+    compiles (its own JIT, as vLLM's fused MoE kernel's for a tile or specialization not met
+    before, which torch's compile counters do not see; a stall in the step that meets it). Where
+    a cache from an earlier process has the kernel, it is read, not compiled, and not counted."""
     try:
         from triton import knobs
 
         folder = knobs.cache.dir
     except (ImportError, AttributeError):  # (no Triton: the CPU; an older one)
         folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-    return len(os.listdir(folder)) if os.path.isdir(folder) else 0
+    if not os.path.isdir(folder):
+        return {}
+    return {entry: _kernel_name(os.path.join(folder, entry)) for entry in os.listdir(folder)}
+
+
+def _kernel_name(entry: str) -> str:
+    """A cache entry's kernel: its files are named after it (``fused_moe_kernel.json``, ...)."""
+    names = sorted(f.rsplit(".", 1)[0] for f in os.listdir(entry) if f.endswith(".json")) if os.path.isdir(entry) else []
+    return next((n for n in names if not n.startswith("__grp__")), names[0].removeprefix("__grp__") if names else "?")
+
+
+def _triton_compiled_since(before: dict[str, str]) -> dict:
+    """The kernels Triton compiled since ``before`` (``_triton_kernels()``): how many, and of which."""
+    new = [name for entry, name in _triton_kernels().items() if entry not in before]
+    return {"triton_kernels_compiled": len(new), "triton_kernels_compiled_names": dict(collections.Counter(new))}
 
 
 def _memory(speech) -> dict | None:
@@ -294,7 +310,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     def counted() -> None:  # the timed runs' captures and compiles so far; the result so far written
         result["graph_captures_timed"] = speech.engine.stats()["graph_captures"] - captures
         result["compiled_frames_timed"] = _compiles() - compiles
-        result["triton_kernels_compiled_timed"] = _triton_kernels() - kernels
+        since = _triton_compiled_since(kernels)
+        result["triton_kernels_compiled_timed"] = since["triton_kernels_compiled"]
+        result["triton_kernels_compiled_timed_names"] = since["triton_kernels_compiled_names"]
         # the codec's decode graphs recorded mid-run: on its worker thread, not in the step loop,
         # but each one a slower decode that the audio behind it waits for (the eager rounds at
         # the end record none)

@@ -7,8 +7,7 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
 
 * the engine environment (``apply_engine_environment``, called when an engine starts; importing
   this module changes nothing): the V1 runner, an in-process engine, TP workers spawned on CUDA,
-  CPU cores split between TP ranks, vLLM's cached environment re-read; on CUDA, opt-in, the
-  stream vLLM runs its steps on made at high priority (``steps_ahead_of_the_codec``).
+  CPU cores split between TP ranks, vLLM's cached environment re-read.
 * ``StepView`` / ``attach_runtime`` / ``call_runtime``: the V1 runner's per-step buffers (query
   start locations, positions, token ids) the model reads before the forward; wiring the model's
   stream runtime to them and to the ``StreamTracker`` logits processor inside the runner;
@@ -116,32 +115,6 @@ def apply_engine_environment(tensor_parallel_size: int = 1, on_gpu: bool = True)
             raise ValueError(f"tensor parallel size {tensor_parallel_size} needs as many CPU cores; {len(os.sched_getaffinity(0))} available")
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, g)) for g in groups)
     reread_environment()
-    if on_gpu:
-        steps_ahead_of_the_codec()
-
-
-def steps_ahead_of_the_codec() -> bool:
-    """With ``SPEECHCTL_ENGINE_STREAM=high``, on CUDA, before vLLM's first engine on this thread:
-    give vLLM the stream it runs (and captures) its steps on, made at high priority. vLLM makes a
-    dedicated stream the first time a thread asks for one (``vllm.utils.torch_utils.current_stream``,
-    at the default priority, the lowest) unless a stream was set through ``torch.cuda.set_stream``,
-    which it patches to record. The codec decodes streamed chunks on its own default-priority
-    stream beside the steps (``Codec._on_own_stream``); where both have kernels waiting, the
-    GPU's block scheduler then starts the step's first and the codec takes what the step leaves.
-    Why: at 64 streamed requests the steps took 0.05 s longer than one-shot's, about the codec's
-    busy time beside them (H200, forty-eighth session). Opt-in until a GPU run measures it against
-    vLLM's own stream (docs/gpu.md). Returns whether it set one (not where vLLM already has a
-    stream on this thread: an engine built earlier, whose graphs were captured on it)."""
-    import torch
-
-    if os.environ.get("SPEECHCTL_ENGINE_STREAM", "vllm") != "high" or not torch.cuda.is_available():
-        return False
-    from vllm.utils import torch_utils
-
-    if getattr(torch_utils._current_stream_tls, "value", None) is not None:
-        return False
-    torch.cuda.set_stream(torch.cuda.Stream(priority=-1))  # (lower is higher; the default is 0)
-    return True
 
 
 def reread_environment() -> None:
@@ -474,6 +447,9 @@ def attach_runtime(worker) -> int:
     runtime.use_step_graphs(step_graph_sizes(runner))
     started = time.perf_counter()
     recorded = model.record_step_graphs()
+    # a family's kernels that compile per shape on first use (Higgs' fused MoE), compiled now,
+    # after vLLM's captures, rather than in the step that first meets a shape
+    getattr(model, "warm_kernels", lambda: None)()
     runtime.start_up_graphs_s = round(time.perf_counter() - started, 3)
     if recorded:
         logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, runtime.start_up_graphs_s)
@@ -744,6 +720,16 @@ def grouped_mlp(x, w13, w2, expert_ids):
 
     weights = torch.ones(expert_ids.shape, dtype=torch.float32, device=expert_ids.device)
     return fused_experts(x, w13, w2, weights, expert_ids, global_num_experts=w13.shape[0])
+
+
+def grouped_mlp_tiles(tokens: int, w13, w2) -> dict:
+    """The tiles vLLM's fused MoE kernel runs ``grouped_mlp`` with at ``tokens`` rows: the override
+    of ``grouped_mlp_config`` if set, else a tuned config for this GPU, else its heuristic (what
+    ``fused_experts`` asks ``try_get_optimal_moe_config`` for; 0.26 and 0.32)."""
+    from vllm.model_executor.layers.fused_moe.config import _get_config_dtype_str
+    from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
+
+    return try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), 1, _get_config_dtype_str(dtype=w13.dtype), tokens)
 
 
 @contextlib.contextmanager

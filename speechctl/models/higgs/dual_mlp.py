@@ -23,16 +23,29 @@ dense Llama MLP does. The choice is made where the step's batch descriptor is kn
 custom op (``speechctl::dual_mlp``) that torch.compile leaves opaque, whose Python runs when
 vLLM captures a graph (uniform decode graphs record the dense path, mixed ones the mixture) and
 in eager steps; a replay runs what its capture recorded.
+
+**No compiles mid-run.** Triton compiles the fused MoE kernel on first use for each tile set vLLM
+picks by token count and each specialization of its integer arguments (a count divisible by 16
+or not). vLLM's graph captures meet the captured sizes; a mixed step past the largest runs the
+layer eagerly at whatever count its prefills make, and each new kind of count stalled that step
+for a compile: the Higgs workload's load round compiled 6 kernels mid-run (H100, forty-ninth
+session). ``warm_grouped_kernels`` runs every kind once at start-up, after the captures
+(``eager_token_counts``; the model's ``warm_kernels``); Triton's on-disk cache keeps them for
+later starts.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 
 import torch
 from torch import nn
 
 from speechctl.engine import vllm_compat
+
+logger = logging.getLogger(__name__)
 
 # checkpoint name tail -> (expert, which part)
 _PARTS = {"mlp.gate_proj": (0, "gate"), "mlp.up_proj": (0, "up"), "mlp.down_proj": (0, "down"),
@@ -102,3 +115,35 @@ def load_dual_weights(weights, layers, loaded: set[str]):
             continue
         layers[int(match.group(1).rsplit(".", 1)[1])].dual_mlp.load(match.group(2), tensor)
         loaded.update({f"{match.group(1)}.dual_mlp.w13", f"{match.group(1)}.dual_mlp.w2"})
+
+
+def eager_token_counts(first: int, last: int, tiles_at) -> list[int]:
+    """One token count in [``first``, ``last``] for each fused MoE kernel the grouped path can
+    compile there: per tile set (``tiles_at(n)``, vLLM's choice at n tokens) and residue of n
+    modulo 16 (Triton specializes integer arguments on divisibility by 16; the kernel's padded
+    row count is n plus a constant of the tiles), n = 1 apart."""
+    seen, counts = set(), []
+    for n in range(first, last + 1):
+        kind = (tuple(sorted(tiles_at(n).items())), n % 16, n == 1)
+        if kind not in seen:
+            seen.add(kind)
+            counts.append(n)
+    return counts
+
+
+def warm_grouped_kernels(mlp: DualMLP, first: int, last: int) -> list[int]:
+    """Run ``mlp``'s grouped path once at each of ``eager_token_counts(first, last)`` (zeros,
+    both experts), so that Triton compiles (or reads from its cache) every kernel a step of
+    ``first`` to ``last`` tokens can meet now, not in that step. Every layer has the same shapes,
+    so one layer warms them all. Returns the counts run."""
+    started = time.perf_counter()
+    counts = eager_token_counts(first, last, lambda n: vllm_compat.grouped_mlp_tiles(n, mlp.w13, mlp.w2))
+    for n in counts:
+        x = torch.zeros(n, mlp.hidden, dtype=mlp.w13.dtype, device=mlp.w13.device)
+        experts = (torch.arange(n, device=x.device) % 2).to(torch.int32)[:, None]
+        vllm_compat.grouped_mlp(x, mlp.w13, mlp.w2, experts)
+    if counts:
+        torch.cuda.synchronize()
+        logger.info("fused MoE kernel warmed at %d token counts from %d to %d in %.1f s",
+                    len(counts), first, last, time.perf_counter() - started)
+    return counts

@@ -38,6 +38,7 @@ token runs only its own MLP, and uniform decode steps run the audio MLP alone as
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from functools import partial
 
@@ -50,7 +51,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from speechctl.engine import vllm_compat
-from speechctl.models.higgs.dual_mlp import DualMLP, load_dual_weights
+from speechctl.models.higgs.dual_mlp import DualMLP, load_dual_weights, warm_grouped_kernels
 from speechctl.models.higgs.family import higgs_audio_v2_spec
 from speechctl.models.stream_model import (
     AudioCodebookEmbedding,
@@ -134,6 +135,7 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         self.audio_ids = (spec.audio_id, spec.flush_id)  # text ids of audio positions
 
         max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.max_step_tokens = max_tokens
         self.register_buffer("audio_mask", torch.zeros(max_tokens, 1, dtype=torch.bool), persistent=False)
         self.model = LlamaModel(
             vllm_config=vllm_config,
@@ -174,6 +176,16 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         # A checkpoint converted with use_text_head=True carries text_lm_head; generation never uses it.
         weights = ((name, w) for name, w in weights if not name.startswith("text_lm_head."))
         dual = set()
-        if self.model.layers and getattr(self.model.layers[0], "grouped", False):
+        first = self.model.layers[self.model.start_layer]
+        if first.grouped:
             weights = load_dual_weights(weights, self.model.layers, dual)
         return AutoWeightsLoader(self).load_weights(weights) | dual
+
+    def warm_kernels(self) -> None:
+        """The DualFFN's fused MoE kernel at every kind of step size up to the step's largest
+        (``dual_mlp.warm_grouped_kernels``): after vLLM's captures, so only the kinds its graphs
+        did not meet compile (those a mixed step past the largest graph, or any eager step, can
+        meet). Here, not in ``load_weights``, which random weights skip (vLLM's dummy loader)."""
+        first = self.model.layers[self.model.start_layer]
+        if first.grouped and os.environ.get("SPEECHCTL_WARM_MOE", "1") != "0":  # (0: for an A/B only)
+            warm_grouped_kernels(first.dual_mlp, 1, self.max_step_tokens)
