@@ -124,7 +124,7 @@ class Speech:
         being generated (jobs batched together; a string is one job with ``options``). A job's
         chunks concatenate to its ``run`` result (same codes; samples equal up to float rounding).
         Chunks are ``first_chunk`` frames, then ``growth`` times larger up to ``max_chunk`` (None:
-        ``speechctl.codecs.streaming.MAX_CHUNK``);
+        ``speechctl.codecs.streaming.default_max_chunk``: 128 frames on CUDA, 32 on the CPU);
         ``first_lookahead`` frames past the first chunk let it go early and inexact (None: exact);
         see ``speechctl.codecs.streaming``."""
         from speechctl.pipeline.streamer import SpeechStreamer

@@ -82,6 +82,20 @@ def test_chunks_start_small_grow_and_wait_for_the_right_context(codec):
     assert done + len(tail[-1].audio) // codec.hop_length == 60
 
 
+def test_the_largest_chunk_by_default_is_the_devices(codec, monkeypatch):
+    """Where a caller names no largest chunk, a CUDA codec's is 128 frames (decoding on its own
+    stream beside the steps, fewer and larger windows cost less) and a CPU codec's 32 (decoding
+    in the step loop, a request's last window is on its last audio's path)."""
+    import torch
+
+    from speechctl.codecs.streaming import StreamingDecoder, default_max_chunk
+
+    assert default_max_chunk(codec) == StreamingDecoder(codec).max_chunk == 32
+    assert StreamingDecoder(codec, max_chunk=8).max_chunk == 8
+    monkeypatch.setattr(codec, "device", torch.device("cuda", 0))  # (only where it runs is read)
+    assert default_max_chunk(codec) == StreamingDecoder(codec).max_chunk == 128
+
+
 @pytest.mark.parametrize("lookahead", [0, 1])
 def test_a_shorter_first_lookahead_sends_the_first_chunk_early_and_only_it_inexact(codec, lookahead):
     """``first_lookahead``: the first chunk goes once ``first_chunk + lookahead`` frames exist,

@@ -25,7 +25,7 @@ from pathlib import Path
 from speechctl.accelerator import has_cuda
 from speechctl.bench.report import environment
 from speechctl.bench.shapes import SHAPES, describe
-from speechctl.codecs.streaming import MAX_CHUNK
+from speechctl.codecs.streaming import default_max_chunk
 from speechctl.engine.params import Sampling
 from speechctl.errors import EngineError
 
@@ -39,7 +39,7 @@ def run_stream_bench(
     frames: int = 64,
     repeats: int = 3,
     first_chunk: int = 2,
-    max_chunks=(MAX_CHUNK,),
+    max_chunks=None,
     turn: bool = True,
     reply_tokens: int = 96,
     engine_overrides: dict | None = None,
@@ -51,12 +51,13 @@ def run_stream_bench(
     """``speech``: an already loaded ``Speech`` of that shape to measure (tests), else one is
     built from ``SHAPES[shape]`` with random weights. ``max_chunks``: the streamed chunks'
     largest size in frames; each is a row of its own at every concurrency (the codec decodes each
-    chunk with its context, so fewer, larger chunks cost it less). ``asr_model``/``lm_model``: the chat
+    chunk with its context, so fewer, larger chunks cost it less; None: the codec's default). ``asr_model``/``lm_model``: the chat
     turn's Whisper and response LM (default: whisper-tiny.en, tiny-lm)."""
     startup = None
     with tempfile.TemporaryDirectory() as tmp:
         if speech is None:
             speech, startup = _load(shape, Path(tmp), max(concurrencies), frames, engine_overrides)
+        max_chunks = max_chunks or (default_max_chunk(speech.codec),)
         rows = [_tts_row(speech, c, frames, repeats, first_chunk, m, log) for c in concurrencies for m in max_chunks]
         turn_row = _turn_row(speech, repeats, first_chunk, reply_tokens, asr_model, lm_model, log) if turn else None
         if startup is not None:

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from speechctl.codecs.streaming import MAX_CHUNK, StreamingDecoder
+from speechctl.codecs.streaming import StreamingDecoder, default_max_chunk
 from speechctl.engine.params import Guidance, Sampling
 from speechctl.errors import EngineError
 from speechctl.jobs import TtsJob
@@ -73,7 +73,7 @@ def fixed_length(speech, job: TtsJob):
 
 
 def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_chunk: int = FIRST_CHUNK,
-          first_lookahead: int | None = None, max_chunk: int = MAX_CHUNK) -> tuple[dict, dict]:
+          first_lookahead: int | None = None, max_chunk: int | None = None) -> tuple[dict, dict]:
     """Submit each job at its arrival time (seconds from now) and step the engine until all are
     done; per job: arrival, first audio, last audio (times from the start), audio seconds; and
     where the steps' time went (``SpeechStreamer.seconds``). ``first_lookahead``: the streamed
@@ -232,7 +232,7 @@ def _memory(speech) -> dict | None:
 
 def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 64, seed: int = 0, log=print,
                        partial=None, eager_codec_rates=(), lookahead_rates=(), first_lookahead: int = 4,
-                       max_chunks=(MAX_CHUNK,)) -> dict:
+                       max_chunks=None) -> dict:
     """``rates``: fractions of the saturated request rate. ``speech``: a loaded ``Speech``.
     ``partial(result)`` is called after the saturated run and after every rate (a run cut short
     by a time limit still leaves what it measured). ``lookahead_rates``: loads run again, the
@@ -241,8 +241,9 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     by side with the exact one's). ``eager_codec_rates``: loads run again at the end, the same
     arrivals, with the codec decoding eagerly (``eager_codec``: what its CUDA graphs are worth,
     side by side; nothing where it has none). ``max_chunks``: the streamed requests' largest
-    chunks; the saturated rounds and the other rounds use the first, and each load runs at every
-    one, the same arrivals (a row per load and largest chunk, side by side)."""
+    chunks (None: the codec's default); the saturated rounds and the other rounds use the first,
+    and each load runs at every one, the same arrivals (a row per load and largest chunk, side by
+    side)."""
     from speechctl.bench.report import environment
 
     cfg = speech.checkpoint.family.cfg is not None
@@ -253,7 +254,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     # steps after it allocate their blocks anew (recorded between the warm-up and the first timed
     # round, the varied one, that round's prefill waited 307 ms for its first output against the
     # uniform round's 94: H200, forty-fifth session)
-    max_chunks = list(max_chunks)
+    max_chunks = list(max_chunks or (default_max_chunk(speech.codec),))
     early = StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, first_lookahead=first_lookahead, max_chunk=max_chunks[0])
     exact = [StreamingDecoder(speech.codec, first_chunk=FIRST_CHUNK, max_chunk=m) for m in max_chunks]
     for decoder in exact + ([early] if lookahead_rates else []):

@@ -12,7 +12,7 @@ from speechctl.cli.options import FIRST_LOOKAHEAD_HELP, engine_options, sampling
 @click.option("-o", "--output", metavar="FILE|-", help="Where to write the audio; - for stdout. With --stream and no -o: play it.")
 @click.option("--stream", is_flag=True, help="Emit audio chunk by chunk while it is generated (to the speaker without -o).")
 @click.option("--raw", is_flag=True, help="With --stream -o -: raw 16-bit PCM (s16le, mono), no wav header.")
-@click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="With --stream: frames in the first chunk (later chunks double, up to 32).")
+@click.option("--first-chunk", type=click.IntRange(1, 64), default=2, show_default=True, help="With --stream: frames in the first chunk (later chunks double, up to 128 frames on a GPU, 32 on the CPU).")
 @click.option("--first-lookahead", type=click.IntRange(0, 64), default=None, help="With --stream: f" + FIRST_LOOKAHEAD_HELP[1:])
 @click.option("--voice", metavar="WAV", help="Reference audio of the voice to use.")
 @click.option("--voice-text", metavar="TEXT", help="What the --voice recording says (Higgs Audio v2 prompts use it).")

@@ -1,6 +1,6 @@
 """Streaming decode: turn code frames into waveform chunks while they are still being generated.
 
-    decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=MAX_CHUNK)
+    decoder = StreamingDecoder(codec, first_chunk=2, growth=2, max_chunk=128)
     for step in generation:                                  # many requests at once
         chunks = decoder.step({key: new_frames [K, n]}, ended={keys that finished})
         for chunk in chunks: play(chunk.key, chunk.audio)    # float32 [n_frames * hop_length]
@@ -51,7 +51,20 @@ import numpy as np
 from speechctl.codecs.base import Codec
 from speechctl.codecs.batching import bounded
 
-MAX_CHUNK = 32  # frames of a streamed request's largest chunk, where a caller names none
+# Frames of a streamed request's largest chunk where a caller names none, by where the codec
+# runs. On CUDA it decodes on its own stream beside the engine's steps, and larger chunks mean
+# fewer windows and less context decoded twice: 128 was as fast as 32 or faster in every row
+# (llama-1b stream bench, H200 and H100: last audio / one-shot 0.99 and 0.92 against 1.19 and
+# 1.03 at c = 64; the real Higgs 3B's workload on the H100: streamed TTFA p95 395 against 504 ms
+# at 0.7 load). On the CPU it decodes in the step loop, where a request's last window (up to a
+# largest chunk of frames after its last token) is on its last audio's path: 32 (c = 16: 828
+# against 938 ms). docs/benchmarks/throughput.md, forty-seventh to forty-ninth sessions.
+MAX_CHUNK = {"cuda": 128, "cpu": 32}
+
+
+def default_max_chunk(codec: Codec) -> int:
+    """``MAX_CHUNK`` for where ``codec`` runs (another device: the CPU's)."""
+    return MAX_CHUNK.get(codec.device.type, MAX_CHUNK["cpu"])
 
 
 @dataclass
@@ -106,14 +119,14 @@ class StreamingDecoder:
         codec: the codec; its ``decode_context`` = (left, right) frames sets the windows.
         first_chunk: frames in a request's first chunk (1-4 keeps the first audio early).
         growth: each next chunk is ``growth`` times the previous one ...
-        max_chunk: ... up to this many frames (None: ``MAX_CHUNK``).
+        max_chunk: ... up to this many frames (None: ``default_max_chunk(codec)``).
         first_lookahead: frames the first chunk waits for past its end (None: the codec's right
             context, every sample final; fewer: an earlier, inexact first chunk, see module doc).
     """
 
     def __init__(self, codec: Codec, *, first_chunk: int = 2, growth: float = 2.0, max_chunk: int | None = None,
                  first_lookahead: int | None = None):
-        max_chunk = MAX_CHUNK if max_chunk is None else max_chunk
+        max_chunk = default_max_chunk(codec) if max_chunk is None else max_chunk
         if first_chunk < 1 or max_chunk < first_chunk or growth < 1 or (first_lookahead or 0) < 0:
             raise ValueError(f"bad chunking: first_chunk={first_chunk}, growth={growth}, max_chunk={max_chunk}, "
                              f"first_lookahead={first_lookahead}")

@@ -30,7 +30,7 @@ class ChatConfig:
     reply_in_audio: bool = True  # unified: the reply opens with speech
     first_chunk: int = 2
     growth: float = 2.0
-    max_chunk: int | None = None  # None: speechctl.codecs.streaming.MAX_CHUNK
+    max_chunk: int | None = None  # None: speechctl.codecs.streaming.default_max_chunk (by device)
     first_lookahead: int | None = None  # None: every sample final (speechctl.codecs.streaming)
     asr_gpu_fraction: float = 0.1
 
