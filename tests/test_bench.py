@@ -413,6 +413,8 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
     assert refused.exit_code != 0 and "--random-weights goes with --model" in refused.output
     refused = CliRunner().invoke(cli, ["bench", "--stream", "--max-chunks", "32,x"])
     assert refused.exit_code != 0 and "--max-chunks: frames (at least 2), comma-separated; got '32,x'" in refused.output
+    refused = CliRunner().invoke(cli, ["bench", "--cfg", "--max-chunks", "128"])
+    assert refused.exit_code != 0 and "--max-chunks goes with --stream or --workload" in refused.output
 
 
 def _counting_writer(directory, recipe):

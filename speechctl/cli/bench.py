@@ -68,6 +68,8 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
         raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")
     if random_weights and not model:
         raise InputError("--random-weights goes with --model (a --shape has random weights already)")
+    if chunks and not (stream or workload):
+        raise InputError("--max-chunks goes with --stream or --workload (the other benches stream nothing)")
     if arnar:
         if overrides:
             raise InputError("--arnar: one device per model (no --tensor-parallel-size)")
