@@ -396,6 +396,44 @@ def test_decode_queue_merges_the_batches_that_wait_behind_a_running_decode():
     assert out == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
 
 
+def test_urgent_batches_are_decoded_first_and_apart_from_the_bulk_waiting():
+    """Streamed chunks (urgent) waiting behind a running decode go into the worker's next decode
+    alone, before the whole waveforms (bulk) that arrived before them, which follow in one call;
+    urgent futures complete in submission order."""
+    import threading
+    import time
+    import types
+
+    from speechctl.codecs.worker import DecodeQueue
+
+    release, calls, done = threading.Event(), [], []
+
+    def decode(codes):
+        calls.append([item.shape[1] for item in codes])
+        if len(calls) == 1:
+            release.wait(10)  # busy while the next batches arrive
+        return [np.zeros(item.shape[1], dtype=np.float32) for item in codes]
+
+    queue = DecodeQueue(types.SimpleNamespace(device=torch.device("cuda"), decode=decode))
+    try:
+        running = queue.decode([np.zeros((2, 1))])
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        futures = [queue.decode([np.zeros((2, 100))]),  # a one-shot request's whole codes
+                   queue.decode([np.zeros((2, 2))], urgent=True),  # streamed windows
+                   queue.decode([np.zeros((2, 200))]),
+                   queue.decode([np.zeros((2, 3)), np.zeros((2, 4))], urgent=True)]
+        for name, future in zip("BUBU", futures):
+            future.add_done_callback(lambda _, name=name: done.append(name))
+        release.set()
+        assert [len(w) for f in [running] + futures for w in f.result(10)] == [1, 100, 2, 200, 3, 4]
+    finally:
+        queue.close()
+    assert calls == [[1], [2, 3, 4], [100, 200]]
+    assert done == ["U", "U", "B", "B"]
+
+
 # ---- fixed windows and decode graphs (CUDA; their CPU stand-in here) ----
 
 

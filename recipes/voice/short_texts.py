@@ -2,6 +2,7 @@
 
     python -m recipes.voice.short_texts --model speechctl/voices/default --sampling 0.2:10 --seeds 0:64 \
         --out short.jsonl
+    python -m recipes.voice.short_texts --seeds 128:256 --dtype float32 --out short-float32.jsonl
 
 Each text is said once per seed (``TtsJob(seed=s)``, all in one run, as ``tests/test_voice_speaks.py``
 does), Whisper tiny.en transcribes it, and each draw becomes a JSON line (text, seed, seconds,
@@ -25,12 +26,14 @@ def main(argv=None) -> None:
     p.add_argument("--model", default=None, help="a voice checkpoint directory (default: speechctl's default model)")
     p.add_argument("--sampling", default=None, metavar="TEMPERATURE:TOP_K", help="default: the voice's own")
     p.add_argument("--seeds", default="0:64", metavar="FIRST:END")
+    p.add_argument("--dtype", default=None, help="the engine's dtype (default: the checkpoint's, as a user gets it)")
     p.add_argument("--text", action="append", default=None, help=f"repeatable (default: {' / '.join(TEXTS)})")
     p.add_argument("--out", required=True, help="JSON lines, one per draw")
     args = p.parse_args(argv)
 
     from recipes.voice.evaluate import transcribe, word_errors
     from speechctl.api import Speech, TtsJob, load_asr
+    from speechctl.engine.config import EngineConfig
     from speechctl.engine.params import Sampling
 
     first, end = (int(x) for x in args.seeds.split(":"))
@@ -40,7 +43,7 @@ def main(argv=None) -> None:
         sampling = Sampling(temperature=float(temperature), top_k=int(top_k))
     texts = args.text or list(TEXTS)
     os.environ.pop("SPEECHCTL_MODEL", None)  # no model given: the default, as a user gets it
-    speech = Speech(args.model) if args.model else Speech()
+    speech = Speech(args.model, engine_config=EngineConfig(dtype=args.dtype) if args.dtype else None)
     asr = load_asr("whisper-tiny.en")
     try:
         jobs = [TtsJob(id=f"{i}#{s}", text=t, seed=s, audio_sampling=sampling) for i, t in enumerate(texts) for s in range(first, end)]

@@ -9,16 +9,17 @@
 Requests run as ``stream`` requests: the engine reports their new tokens on all streams;
 :class:`speechctl.models.audio_stream.AudioStreamReader` turns them into code frames as soon as
 each frame is complete on every stream, and one :class:`StreamingDecoder` plans the ready chunks
-of all requests; they and the step's finished one-shot requests are decoded in one batched codec
-call. A TTS request's tokens are reported when its next chunk can go (``frames_wanted``,
+of all requests, decoded in one batched codec call; the step's finished one-shot requests' whole
+waveforms in another, after the chunks (``DecodeQueue``'s urgent and bulk batches). A TTS request's tokens are reported when its next chunk can go (``frames_wanted``,
 ``SpeechEngine.report_after``), not at every step: at 64 streamed requests a piece per request
 per step was most of what streaming cost the host beside one-shot (vLLM's outputs, the engine's
 pieces, the reader's reads). So a request's chunks concatenate to what ``Speech.run`` returns
 for it, while its first audio comes a few steps after it started.
 
 On CUDA that decode runs on the codec's worker thread (``codecs/worker.py``), so the engine's
-next step does not wait for it: a step hands out the audio decoded since the last, in the order
-the steps planned it (a step with no request left in the engine waits for the rest). On the CPU
+next step does not wait for it: a step hands out the audio decoded since the last, the chunks
+in the order the steps planned them and a one-shot waveform when it is ready (a step with no
+request left in the engine waits for the rest). On the CPU
 it runs in the step, where the two would compete for the same cores.
 Stepping is cooperative (the caller calls ``step``), so several engines can share a thread.
 """
@@ -69,20 +70,19 @@ class _Live:
 
 @dataclass(eq=False)
 class _Decoding:
-    """One step's audio in flight: its streamed chunks (``StreamingDecoder`` plans, their windows
-    first in ``waves``), its finished one-shot requests (their whole codes next), the requests it
-    closes, and the future of the waveforms."""
+    """One step's audio in flight, in two parts the codec decodes apart (``DecodeQueue``): its
+    streamed chunks (``StreamingDecoder`` plans; their windows' future, urgent) and the streamed
+    requests they close; its finished one-shot requests (their whole waveforms' future, bulk),
+    which it closes too. Each part is handed out when decoded, the chunks in step order."""
 
     plans: list[Plan]
     lives: dict  # plan key -> _Live (None: gone before the step, as a cancelled request's was)
+    streamed_closing: list[_Live]
     whole: list[_Live]
-    closing: list[_Live]
-    waves: Future
-
-    @property
-    def windows(self) -> int:
-        """How many of ``waves`` are the plans' windows (the one-shot requests' audio follows)."""
-        return sum(p.codes is not None for p in self.plans)
+    windows: Future
+    wholes: Future
+    chunks_out: bool = False
+    wholes_out: bool = False
 
 
 class SpeechStreamer:
@@ -245,17 +245,17 @@ class SpeechStreamer:
             if live.reader.in_audio and self._live.get(live.id) is live:
                 self.engine.report_after(out, self.decoder.frames_wanted((live.id, live.reader.segment)))
         windows = [p.codes for p in plans if p.codes is not None]
-        closing = finished + [live for live, _ in whole]
-        for live in closing:  # out of the engine; closed once its audio is handed out
+        for live in finished + [live for live, _ in whole]:  # out of the engine; closed once its audio is handed out
             self._closing[live.id] = self._live.pop(live.id)
         lives = {p.key: self._live.get(p.key[0]) or self._closing.get(p.key[0]) for p in plans}
         for plan in plans:
             live = lives[plan.key]
             if plan.codes is not None and live is not None and live.first_planned is None:
                 live.first_planned = (self.steps, time.perf_counter())
-        if plans or closing:
-            self._in_flight.append(_Decoding(plans, lives, [live for live, _ in whole], closing,
-                                             self._decodes.decode(windows + [codes for _, codes in whole])))
+        if plans or finished or whole:
+            self._in_flight.append(_Decoding(plans, lives, finished, [live for live, _ in whole],
+                                             self._decodes.decode(windows, urgent=True),
+                                             self._decodes.decode([codes for _, codes in whole])))
         events += self._decoded(wait=not self._live)
         engine, codec = stepped - started, time.perf_counter() - decoding
         self.steps += 1
@@ -265,35 +265,58 @@ class SpeechStreamer:
         return self._in_order(events) if self._sequences else events
 
     def _decoded(self, wait: bool) -> list:
-        """The chunks of the steps whose audio is decoded (all of them, waiting, with ``wait``),
-        in step order: each request's chunks, then the empty chunk that closes it."""
+        """The audio decoded so far (all of it, waiting, with ``wait``): the streamed chunks in
+        step order, each one-shot request's waveform when decoded; each request's audio, then
+        the empty chunk that closes it."""
         events = []
-        while self._in_flight and (wait or self._in_flight[0].waves.done()):
-            step = self._in_flight.popleft()
-            waves = step.waves.result()  # a codec failure is the caller's, as a decode in the step was
-            for chunk in self.decoder.cut(step.plans, waves[: step.windows]):
-                live = step.lives[chunk.key]
-                if live is not None and not live.dropped and len(chunk.audio):
-                    if live.samples == 0 and live.first_planned is not None:
-                        planned, at = live.first_planned
-                        output_step, output_at = live.first_output
-                        self.first_audio.append({"id": live.id, "submitted_at": live.submitted_at,
-                                                 "steps_to_audio": self.steps - live.submitted_step + 1,
-                                                 "steps_to_output": output_step - live.submitted_step + 1,
-                                                 "steps_to_plan": planned - live.submitted_step + 1,
-                                                 "to_output_s": output_at - live.submitted_at,
-                                                 "output_to_plan_s": at - output_at,
-                                                 "decode_wait_s": time.perf_counter() - at})
-                    events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
-                    live.samples += len(chunk.audio)
-            for live, wave in zip(step.whole, waves[step.windows :]):
-                if not live.dropped:
-                    events.append(self._chunk(live.id, wave, 0, last=False))
-                    live.samples = len(wave)
-            for live in step.closing:
-                if not live.dropped:
-                    del self._closing[live.id]
-                    events.append(self._chunk(live.id, start=live.samples, last=True))
+        in_order = True  # every earlier step's chunks handed out
+        for step in self._in_flight:
+            if in_order and not step.chunks_out and (wait or step.windows.done()):
+                events += self._chunks_of(step)
+                step.chunks_out = True
+            in_order = in_order and step.chunks_out
+            if not step.wholes_out and (wait or step.wholes.done()):
+                events += self._wholes_of(step)
+                step.wholes_out = True
+        while self._in_flight and self._in_flight[0].chunks_out and self._in_flight[0].wholes_out:
+            self._in_flight.popleft()
+        return events
+
+    def _chunks_of(self, step: _Decoding) -> list:
+        events = []
+        waves = step.windows.result()  # a codec failure is the caller's, as a decode in the step was
+        for chunk in self.decoder.cut(step.plans, waves):
+            live = step.lives[chunk.key]
+            if live is not None and not live.dropped and len(chunk.audio):
+                if live.samples == 0 and live.first_planned is not None:
+                    planned, at = live.first_planned
+                    output_step, output_at = live.first_output
+                    self.first_audio.append({"id": live.id, "submitted_at": live.submitted_at,
+                                             "steps_to_audio": self.steps - live.submitted_step + 1,
+                                             "steps_to_output": output_step - live.submitted_step + 1,
+                                             "steps_to_plan": planned - live.submitted_step + 1,
+                                             "to_output_s": output_at - live.submitted_at,
+                                             "output_to_plan_s": at - output_at,
+                                             "decode_wait_s": time.perf_counter() - at})
+                events.append(self._chunk(live.id, chunk.audio, live.samples, last=False))
+                live.samples += len(chunk.audio)
+        return events + self._closed(step.streamed_closing)
+
+    def _wholes_of(self, step: _Decoding) -> list:
+        events = []
+        for live, wave in zip(step.whole, step.wholes.result()):
+            if not live.dropped:
+                events.append(self._chunk(live.id, wave, 0, last=False))
+                live.samples = len(wave)
+        return events + self._closed(step.whole)
+
+    def _closed(self, lives: list[_Live]) -> list:
+        """The empty chunks that close ``lives`` (their audio handed out)."""
+        events = []
+        for live in lives:
+            if not live.dropped:
+                del self._closing[live.id]
+                events.append(self._chunk(live.id, start=live.samples, last=True))
         return events
 
     def _in_order(self, events: list) -> list:
