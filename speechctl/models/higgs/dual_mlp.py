@@ -26,10 +26,10 @@ in eager steps; a replay runs what its capture recorded.
 
 **No compiles mid-run.** Triton compiles the fused MoE kernel on first use for each tile set vLLM
 picks by token count and each specialization of its integer arguments (a count divisible by 16
-or not). vLLM's graph captures meet the captured sizes; a mixed step past the largest runs the
-layer eagerly at whatever count its prefills make, and each new kind of count stalled that step
-for a compile: the Higgs workload's load round compiled 6 kernels mid-run (H100, forty-ninth
-session). ``warm_grouped_kernels`` runs every kind once at start-up, after the captures
+or not). vLLM's graph captures meet the kinds of their sizes; a mixed step past the largest
+runs the layer eagerly at whatever count its prefills make, and a kind not met before stalled
+that step for a compile: the Higgs workload's load round compiled 6 kernels mid-run (H100,
+forty-ninth session). ``warm_grouped_kernels`` runs every kind once at start-up, after the captures
 (``eager_token_counts``; the model's ``warm_kernels``); Triton's on-disk cache keeps them for
 later starts.
 """
