@@ -354,6 +354,38 @@ def test_streamer_decoding_on_the_codec_thread_hands_out_the_same_audio_in_order
     assert streamer.codec_busy_s > 0  # timed on the worker
 
 
+def test_a_codec_failure_on_the_worker_is_raised_once_and_the_streamer_drains(speech):
+    """A decode that fails on the codec's thread raises from the step that hands its audio out,
+    once (as a decode in the step would): the steps after it go on, and the streamer drains."""
+    from speechctl.api import TtsJob
+    from speechctl.pipeline.streamer import SpeechStreamer
+
+    streamer = SpeechStreamer(speech, first_chunk=2, decode_thread=True)
+    decode, calls = speech.codec.decode, []
+
+    def failing_once(codes):
+        calls.append(len(codes))
+        if len(calls) == 1:
+            raise RuntimeError("codec fault")
+        return decode(codes)
+
+    speech.codec.decode = failing_once
+    raised, steps = [], 0
+    try:
+        streamer.submit(TtsJob(id="s", text="A codec fault.", seed=3, max_seconds=0.6))
+        streamer.submit(TtsJob(id="o", text="One shot.", seed=4, max_seconds=0.3), stream=False)
+        while streamer.busy() and steps < 500:
+            steps += 1
+            try:
+                streamer.step()
+            except RuntimeError as error:
+                raised.append(str(error))
+    finally:
+        del speech.codec.decode
+    assert raised == ["codec fault"] and not streamer.busy()
+    assert speech.engine.scheduler_requests() == 0
+
+
 def assert_stream_equals_run(speech, make_jobs, rtol_of_peak: float | None = None) -> float:
     """Streamed chunks of ``make_jobs()`` concatenate to ``Speech.run`` of the same jobs (same
     length; samples within ``rtol_of_peak`` of the peak: the streaming decoder's windows sum in

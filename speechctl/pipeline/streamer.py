@@ -271,13 +271,14 @@ class SpeechStreamer:
         events = []
         in_order = True  # every earlier step's chunks handed out
         for step in self._in_flight:
+            # each part marked out before it is read: a codec failure raised here is not raised again
             if in_order and not step.chunks_out and (wait or step.windows.done()):
-                events += self._chunks_of(step)
                 step.chunks_out = True
+                events += self._chunks_of(step)
             in_order = in_order and step.chunks_out
             if not step.wholes_out and (wait or step.wholes.done()):
-                events += self._wholes_of(step)
                 step.wholes_out = True
+                events += self._wholes_of(step)
         while self._in_flight and self._in_flight[0].chunks_out and self._in_flight[0].wholes_out:
             self._in_flight.popleft()
         return events
