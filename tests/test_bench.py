@@ -194,6 +194,9 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     assert result["triton_kernels_compiled_timed"] == 0  # (the CPU's engine has no Triton kernels)
     assert result["saturation"]["codec_graphs_recorded"] == result["uniform_saturation"]["codec_graphs_recorded"] == 0
     row, small = result["results"]  # the load at each largest chunk, the same arrivals
+    split = row["step_ms"]  # the engine's steps, split by whether one finished a prefill (each request's once)
+    assert 0 < split["prefill"]["steps"] + split["decode_only"]["steps"] <= row["steps"]
+    assert 1 <= split["prefill"]["steps"] <= row["requests"] and split["prefill"]["p95"] >= split["prefill"]["p50"] > 0
     assert result["max_chunks"] == [32, 4] and (row["max_chunk"], small["max_chunk"]) == (32, 4)
     assert (small["load"], small["audio_s"], small["streamed"]) == (row["load"], row["audio_s"], row["streamed"])
     # smaller chunks: more windows, so more context decoded again; the first chunk no later

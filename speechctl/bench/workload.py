@@ -123,6 +123,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
                   "codec_graphs_recorded": recorded, **_triton_compiled_since(kernels_before),
                   "streamed_window_frames": streamer.decoder.window_frames,
+                  "step_ms": _step_split(streamer.step_seconds),
                   "first_audio": streamer.first_audio}
 
 
@@ -176,9 +177,23 @@ def described(row: dict) -> str:
             f"{row['ttfa_parts_ms']['arrival_to_submit']['p50']} ms, to first output {row['ttfa_parts_ms']['submit_to_first_output']['p50']} ms, "
             f"to plan {row['ttfa_parts_ms']['first_output_to_plan']['p50']} ms at {row['decode_step_ms_before_first_chunk_p50']} ms/step), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
-            f"codec {row['codec_s']} s, host {row['host_s']} s; the codec decoded {row['codec_busy_s']} s "
+            f"codec {row['codec_s']} s, host {row['host_s']} s (a step p50/p95: with a prefill "
+            f"{row['step_ms']['prefill']['p50']}/{row['step_ms']['prefill']['p95']} ms x{row['step_ms']['prefill']['steps']}, "
+            f"decodes only {row['step_ms']['decode_only']['p50']}/{row['step_ms']['decode_only']['p95']} ms "
+            f"x{row['step_ms']['decode_only']['steps']}); the codec decoded {row['codec_busy_s']} s "
             f"and recorded {row['codec_graphs_recorded']} decode graphs; Triton compiled {row['triton_kernels_compiled']} kernels"
             + "".join(f", {n} {name}" for name, n in row["triton_kernels_compiled_names"].items()))
+
+
+def _step_split(steps: list[tuple[bool, float]]) -> dict:
+    """The engine's step time in ms (p50, p95, how many) of the steps that finished a request's
+    prefill (a prompt beside the decodes) and of those that did not (decodes only): which of them
+    is slow under load, where TTFA is steps times step time."""
+    def stats(xs):
+        return {"p50": round(1000 * float(np.percentile(xs, 50)), 2), "p95": round(1000 * float(np.percentile(xs, 95)), 2),
+                "steps": len(xs)} if xs else {"p50": None, "p95": None, "steps": 0}
+
+    return {"prefill": stats([t for p, t in steps if p]), "decode_only": stats([t for p, t in steps if not p])}
 
 
 def _compiles() -> int:

@@ -109,6 +109,10 @@ class SpeechStreamer:
         # in the engine, handing out their audio), and the rest (each request's tokens to its reader)
         self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
         self.steps = 0
+        # each engine step's seconds, and whether the step finished a request's prefill (its
+        # first output came): under load, steps that prefill beside the decodes against those
+        # that only decode (the workload bench's split of the step time)
+        self.step_seconds: list[tuple[bool, float]] = []
         self.pieces = 0  # streamed requests' pieces the engine handed out before their end
         # per streamed request, its wait for first audio: the steps until it was handed out, of
         # them the steps until its first chunk was planned (the engine's part), and the seconds
@@ -191,13 +195,15 @@ class SpeechStreamer:
         ``error`` is set if it failed)."""
         events, self._failed = self._failed, []
         started = time.perf_counter()
-        outputs = self.engine.step() if self._live else []
+        stepping = bool(self._live)  # (else only audio still being decoded is handed out)
+        outputs = self.engine.step() if stepping else []
         stepped = time.perf_counter()
         frames: dict = {}
         ended: list = []
         finished: list[_Live] = []
         whole: list[tuple[_Live, np.ndarray]] = []  # one-shot requests finished in this step
         pieces: list = []  # (live, piece) of the streamed requests that go on
+        prefilled = False
         for out in outputs:
             live = out.tag
             if not isinstance(live, _Live) or self._live.get(live.id) is not live:
@@ -207,6 +213,7 @@ class SpeechStreamer:
                 continue
             if live.first_output is None:
                 live.first_output = (self.steps, stepped)
+                prefilled = True
             self.pieces += live.stream and not out.finished
             if not live.stream:
                 try:
@@ -259,6 +266,8 @@ class SpeechStreamer:
         events += self._decoded(wait=not self._live)
         engine, codec = stepped - started, time.perf_counter() - decoding
         self.steps += 1
+        if stepping:
+            self.step_seconds.append((prefilled, engine))
         self.seconds["engine"] += engine
         self.seconds["codec"] += codec
         self.seconds["host"] += time.perf_counter() - started - engine - codec
