@@ -51,8 +51,9 @@ def run_stream_bench(
     """``speech``: an already loaded ``Speech`` of that shape to measure (tests), else one is
     built from ``SHAPES[shape]`` with random weights. ``max_chunks``: the streamed chunks'
     largest size in frames; each is a row of its own at every concurrency (the codec decodes each
-    chunk with its context, so fewer, larger chunks cost it less; None: the codec's default). ``asr_model``/``lm_model``: the chat
-    turn's Whisper and response LM (default: whisper-tiny.en, tiny-lm)."""
+    chunk with its context, so fewer, larger chunks cost it less; None: the codec's default).
+    ``asr_model``/``lm_model``: the chat turn's Whisper and response LM (default: whisper-tiny.en,
+    tiny-lm)."""
     startup = None
     with tempfile.TemporaryDirectory() as tmp:
         if speech is None:

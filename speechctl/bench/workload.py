@@ -92,6 +92,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     pending = sorted(zip(arrivals, range(len(jobs))))
     seen = {job.id: {"arrival": t, "stream": stream} for t, (job, stream) in zip(arrivals, jobs)}
     samples: dict[str, int] = {}
+    step_seconds: list[tuple[bool, float]] = []  # per engine step: did it finish a prefill, its engine seconds
     while pending or streamer.busy():
         now = time.perf_counter() - start
         while pending and pending[0][0] <= now:
@@ -101,7 +102,11 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
         if not streamer.busy():
             time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
             continue
-        for chunk in streamer.step():
+        before = (streamer.engine_steps, streamer.first_outputs, streamer.seconds["engine"])
+        chunks = streamer.step()
+        if streamer.engine_steps > before[0]:
+            step_seconds.append((streamer.first_outputs > before[1], streamer.seconds["engine"] - before[2]))
+        for chunk in chunks:
             row, t = seen[chunk.id], time.perf_counter() - start
             if chunk.error:
                 raise EngineError(f"workload request failed: {chunk.error}")
@@ -123,7 +128,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
                   "codec_graphs_recorded": recorded, **_triton_compiled_since(kernels_before),
                   "streamed_window_frames": streamer.decoder.window_frames,
-                  "step_ms": _step_split(streamer.step_seconds),
+                  "step_ms": _step_split(step_seconds),
                   "first_audio": streamer.first_audio}
 
 

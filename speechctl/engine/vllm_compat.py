@@ -447,12 +447,12 @@ def attach_runtime(worker) -> int:
     runtime.use_step_graphs(step_graph_sizes(runner))
     started = time.perf_counter()
     recorded = model.record_step_graphs()
-    # a family's kernels that compile per shape on first use (Higgs' fused MoE), compiled now,
-    # after vLLM's captures, rather than in the step that first meets a shape
-    getattr(model, "warm_kernels", lambda: None)()
     runtime.start_up_graphs_s = round(time.perf_counter() - started, 3)
     if recorded:
         logger.info("speechctl recorded %d per-step CUDA graphs in %.1f s", recorded, runtime.start_up_graphs_s)
+    # a family's kernels that compile per shape on first use (Higgs' fused MoE), compiled now,
+    # after vLLM's captures, rather than in the step that first meets a shape
+    getattr(model, "warm_kernels", lambda: None)()
     return runtime.capacity
 
 

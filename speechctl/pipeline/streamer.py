@@ -10,7 +10,8 @@ Requests run as ``stream`` requests: the engine reports their new tokens on all 
 :class:`speechctl.models.audio_stream.AudioStreamReader` turns them into code frames as soon as
 each frame is complete on every stream, and one :class:`StreamingDecoder` plans the ready chunks
 of all requests, decoded in one batched codec call; the step's finished one-shot requests' whole
-waveforms in another, after the chunks (``DecodeQueue``'s urgent and bulk batches). A TTS request's tokens are reported when its next chunk can go (``frames_wanted``,
+waveforms in another, after the chunks (``DecodeQueue``'s urgent and bulk batches). A TTS
+request's tokens are reported when its next chunk can go (``frames_wanted``,
 ``SpeechEngine.report_after``), not at every step: at 64 streamed requests a piece per request
 per step was most of what streaming cost the host beside one-shot (vLLM's outputs, the engine's
 pieces, the reader's reads). So a request's chunks concatenate to what ``Speech.run`` returns
@@ -19,8 +20,8 @@ for it, while its first audio comes a few steps after it started.
 On CUDA that decode runs on the codec's worker thread (``codecs/worker.py``), so the engine's
 next step does not wait for it: a step hands out the audio decoded since the last, the chunks
 in the order the steps planned them and a one-shot waveform when it is ready (a step with no
-request left in the engine waits for the rest). On the CPU
-it runs in the step, where the two would compete for the same cores.
+request left in the engine waits for the rest). On the CPU it runs in the step, where the two
+would compete for the same cores.
 Stepping is cooperative (the caller calls ``step``), so several engines can share a thread.
 """
 
@@ -109,10 +110,8 @@ class SpeechStreamer:
         # in the engine, handing out their audio), and the rest (each request's tokens to its reader)
         self.seconds = {"engine": 0.0, "codec": 0.0, "host": 0.0}
         self.steps = 0
-        # each engine step's seconds, and whether the step finished a request's prefill (its
-        # first output came): under load, steps that prefill beside the decodes against those
-        # that only decode (the workload bench's split of the step time)
-        self.step_seconds: list[tuple[bool, float]] = []
+        self.engine_steps = 0  # of them, those that stepped the engine (not only handing out audio)
+        self.first_outputs = 0  # requests whose prefill the engine finished (their first output came)
         self.pieces = 0  # streamed requests' pieces the engine handed out before their end
         # per streamed request, its wait for first audio: the steps until it was handed out, of
         # them the steps until its first chunk was planned (the engine's part), and the seconds
@@ -203,7 +202,6 @@ class SpeechStreamer:
         finished: list[_Live] = []
         whole: list[tuple[_Live, np.ndarray]] = []  # one-shot requests finished in this step
         pieces: list = []  # (live, piece) of the streamed requests that go on
-        prefilled = False
         for out in outputs:
             live = out.tag
             if not isinstance(live, _Live) or self._live.get(live.id) is not live:
@@ -213,7 +211,7 @@ class SpeechStreamer:
                 continue
             if live.first_output is None:
                 live.first_output = (self.steps, stepped)
-                prefilled = True
+                self.first_outputs += 1
             self.pieces += live.stream and not out.finished
             if not live.stream:
                 try:
@@ -266,8 +264,7 @@ class SpeechStreamer:
         events += self._decoded(wait=not self._live)
         engine, codec = stepped - started, time.perf_counter() - decoding
         self.steps += 1
-        if stepping:
-            self.step_seconds.append((prefilled, engine))
+        self.engine_steps += stepping
         self.seconds["engine"] += engine
         self.seconds["codec"] += codec
         self.seconds["host"] += time.perf_counter() - started - engine - codec

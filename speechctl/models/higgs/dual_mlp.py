@@ -29,9 +29,9 @@ picks by token count and each specialization of its integer arguments (a count d
 or not). vLLM's graph captures meet the kinds of their sizes; a mixed step past the largest
 runs the layer eagerly at whatever count its prefills make, and a kind not met before stalled
 that step for a compile: the Higgs workload's load round compiled 6 kernels mid-run (H100,
-forty-ninth session). ``warm_grouped_kernels`` runs every kind once at start-up, after the captures
-(``eager_token_counts``; the model's ``warm_kernels``); Triton's on-disk cache keeps them for
-later starts.
+forty-ninth session). ``warm_grouped_kernels`` runs every kind once at start-up, after the
+captures (``eager_token_counts``; the model's ``warm_kernels``); Triton's on-disk cache keeps
+them for later starts.
 """
 
 from __future__ import annotations

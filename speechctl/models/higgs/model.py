@@ -135,7 +135,6 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         self.audio_ids = (spec.audio_id, spec.flush_id)  # text ids of audio positions
 
         max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.max_step_tokens = max_tokens
         self.register_buffer("audio_mask", torch.zeros(max_tokens, 1, dtype=torch.bool), persistent=False)
         self.model = LlamaModel(
             vllm_config=vllm_config,
@@ -188,4 +187,4 @@ class HiggsAudioV2ForConditionalGeneration(StreamModel):
         meet). Here, not in ``load_weights``, which random weights skip (vLLM's dummy loader)."""
         first = self.model.layers[self.model.start_layer]
         if first.grouped and os.environ.get("SPEECHCTL_WARM_MOE", "1") != "0":  # (0: for an A/B only)
-            warm_grouped_kernels(first.dual_mlp, 1, self.max_step_tokens)
+            warm_grouped_kernels(first.dual_mlp, 1, self.audio_mask.shape[0])  # (a row per token of a step)
