@@ -5,6 +5,7 @@
 #     (CODEC=1: also end to end, text to waveform with the family's codec at its published shape)
 #     (GENERIC=1: first the generic shape of the family's backbone size in the same process and settings:
 #     vs_generic, issue 21's real-architecture ratio, side by side)
+#     (PLAIN=1: before all, plain vLLM on that backbone in its own process: vs_plain)
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh guided  # Dia 1.6B, MusicGen-small with their CFG:
 #     speechctl beside transformers' generate with guidance, and the CFG efficiency (speechctl/bench/guided.py)
 #   source .gpu/unpack.sh && bash benchmarks/families_h200.sh tests-guided  # the Dia / MusicGen parity suites on CUDA
@@ -30,8 +31,8 @@ case "${1:-bench}" in
       python3 -m speechctl.bench.families --family "$family" --size full --concurrency "${CONC:-1,64}" \
         --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/families-$family${SUFFIX:-}.json" \
         $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) $([ "${CODEC:-0}" = 1 ] && echo --codec) \
-        $([ "${GENERIC:-0}" = 1 ] && echo --generic) \
-        2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|^\{'vs_generic'|Error|Traceback" 
+        $([ "${GENERIC:-0}" = 1 ] && echo --generic) $([ "${PLAIN:-0}" = 1 ] && echo --plain) \
+        2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'system'|^\{'vs_|Error|Traceback" 
     done
     ;;
   guided)

@@ -87,20 +87,26 @@ def test_family_bench_sets_speechctl_beside_transformers_and_reports_each_row():
     assert 0 <= result["start_up_graphs_s"] <= result["startup_s"]
 
 
-def test_family_bench_times_the_generic_shape_first_on_the_same_settings():
-    """--generic: the generic multi-stream model of the backbone's size (tiny here) in the same
-    run and engine settings, and the family's frames/s over its at each concurrency."""
+def test_family_bench_times_plain_vllm_and_the_generic_shape_first_on_the_same_settings():
+    """--plain --generic: plain vLLM on the backbone (its own process) and the generic
+    multi-stream model of the backbone's size (tiny here) in the same run and engine settings,
+    on the family's prompt length, and the family's frames/s over each at each concurrency."""
     from speechctl.bench.families import run_family_bench
 
     result = run_family_bench("higgs_audio_v2", "tiny", concurrencies=(1, 2), frames=6, repeats=1,
-                              transformers_too=False, log=lambda row: None, generic=True)
+                              transformers_too=False, log=lambda row: None, generic=True, plain=True)
     rows = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in result["rows"]}
-    assert list(rows) == [("generic shape", 1), ("generic shape", 2), ("speechctl", 1), ("speechctl", 2)]
+    assert list(rows) == [("plain vLLM", 1), ("plain vLLM", 2), ("generic shape", 1), ("generic shape", 2),
+                          ("speechctl", 1), ("speechctl", 2)]
     assert result["generic"]["shape"]["shape"] == "tiny" and result["generic"]["startup_s"] > 0
     # the generic shape's prompts as long as the family's (within one filler sentence): the same context
     assert result["prompt_tokens"] <= result["generic"]["prompt_tokens"] < result["prompt_tokens"] + 20
+    assert result["plain"]["prompt_tokens"] == result["prompt_tokens"] and result["plain"]["shape"] == "tiny"
+    assert result["plain"]["environment"]["host"]["python_loop_ns"] > 0  # its own process's
     for c in (1, 2):
+        assert rows["plain vLLM", c] > 0
         assert result["vs_generic"][str(c)] == pytest.approx(rows["speechctl", c] / rows["generic shape", c], abs=1e-3)
+        assert result["vs_plain"][str(c)] == pytest.approx(rows["speechctl", c] / rows["plain vLLM", c], abs=1e-3)
 
 
 @pytest.mark.parametrize("family", ["dia", "musicgen"])

@@ -18,6 +18,11 @@ architectures at >= 0.95 of the generic shape). The generic shape's prompts are 
 the family's prompt length (Higgs' chat-format prompt is ~3x the generic one's, and attention
 over the longer context was 145 us of a 4.3 ms step at 64 rows on an H100): the ratio then
 compares the architectures on the same context, not the prompt formats.
+
+``--plain`` times, before anything else and in a process of its own (the device to itself),
+plain vLLM on the ``LlamaForCausalLM`` of that backbone (``speechctl.bench.plain``): one token
+a step where the family makes a frame, ``frames`` tokens a request on prompts of the family's
+length: ``vs_plain`` is the family's frames/s over its tokens/s, all three in one run.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,12 +93,14 @@ def run_family_bench(
     log=print,
     partial=None,
     generic: bool = False,
+    plain: bool = False,
 ) -> dict:
     """``partial(result)`` is called with the result so far after every row (a run cut short by
     a time limit still leaves its measured rows). ``codec``: also end to end, text to waveform
     with the family's codec on the device (``Speech.run_requests``: decodes off the step loop),
     beside the LM alone in the same engine. ``generic``: the generic shape of the family's
-    backbone size first, on the same settings (``vs_generic``)."""
+    backbone size first, on the same settings (``vs_generic``). ``plain``: before both, plain
+    vLLM on that backbone in its own process (``vs_plain``)."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
     from speechctl.models.weights import read_config
 
@@ -106,9 +115,13 @@ def run_family_bench(
             **(engine_overrides or {}),
         )
         rows = []
-        generic_result = None
+        generic_result = plain_result = None
+        shape = GENERIC_SHAPES[family] if size == "full" else "tiny"
+        if plain:
+            plain_result = _plain_rows(shape, concurrencies, frames, repeats, family_prompt_tokens(path),
+                                       engine_overrides, log)
+            rows += plain_result.pop("rows")
         if generic:
-            shape = GENERIC_SHAPES[family] if size == "full" else "tiny"
             generic_result = _generic_rows(shape, config, concurrencies, frames, repeats, log,
                                            prompt_tokens=family_prompt_tokens(path))
             rows += generic_result.pop("rows")
@@ -139,6 +152,7 @@ def run_family_bench(
             "codec_decode_graphs": speech.codec.decode_graphs if codec else None,  # None: eager
             "rows": rows,
             "generic": generic_result,  # the generic shape's engine (its rows are among ``rows``)
+            "plain": plain_result,  # plain vLLM's process (its rows too)
             "environment": environment(),
         }
         if family == "higgs_audio_v2":  # without vLLM's MoE kernels its DualFFN runs both MLPs
@@ -174,10 +188,11 @@ def run_family_bench(
             add(timed_row("speechctl", lambda: time_requests(engine, workload(count)), count, frames, repeats, frame_rate))
             if codec:
                 add(timed_row("speechctl+codec", lambda: end_to_end(count), count, frames, repeats, frame_rate))
-        if generic:
-            fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
-            result["vs_generic"] = {str(c): round(fps["speechctl", c] / fps["generic shape", c], 3) for c in concurrencies}
-            log({"vs_generic": result["vs_generic"]})
+        fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
+        for key, baseline in (("vs_plain", "plain vLLM"), ("vs_generic", "generic shape")):
+            if (baseline, concurrencies[0]) in fps:
+                result[key] = {str(c): round(fps["speechctl", c] / fps[baseline, c], 3) for c in concurrencies}
+                log({key: result[key]})
         prompt_ids = workload(1)[0].prompt_ids
         if codec:
             speech.close()
@@ -229,6 +244,25 @@ def _generic_rows(shape: str, config, concurrencies, frames: int, repeats: int, 
         engine.shutdown()
     return {"shape": describe(shape), "startup_s": round(startup, 1), "rows": rows,
             "prompt_tokens": len(tts_requests(prompts, 1, 1, text)[0].prompt_ids)}
+
+
+def _plain_rows(shape: str, concurrencies, frames: int, repeats: int, prompt_tokens: int, engine_overrides,
+                log) -> dict:
+    """Rows "plain vLLM": ``speechctl.bench.plain`` on bench shape ``shape``'s backbone in a child
+    process (it exits before speechctl's engines start, so neither shares the device), ``frames``
+    tokens a request on ``prompt_tokens``-token prompts, timed as the family's rows are."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plain.json"
+        subprocess.run([sys.executable, "-m", "speechctl.bench.plain", "--shape", shape,
+                        "--concurrency", ",".join(map(str, concurrencies)), "--tokens", str(frames),
+                        "--prompt-len", str(prompt_tokens), "--repeats", str(repeats),
+                        "--overrides", json.dumps(engine_overrides or {}), "--out", str(out)], check=True)
+        plain = json.loads(out.read_text())
+    rows = [{"system": "plain vLLM", "concurrency": r["concurrency"], "seconds": r["seconds"],
+             "frames_per_s": r["tokens_per_s"]} for r in plain["rows"]]  # a token a step: a frame's place
+    for row in rows:
+        log(row)
+    return {"shape": shape, "prompt_tokens": prompt_tokens, "rows": rows, "environment": plain["environment"]}
 
 
 def tts_requests(prompts, count: int, frames: int, text: str = TEXT) -> list:
@@ -316,6 +350,8 @@ def main(argv=None) -> None:
     parser.add_argument("--codec", action="store_true", help="also end to end: text to waveform with the family's codec")
     parser.add_argument("--generic", action="store_true",
                         help="first the generic shape of the family's backbone size, same settings (vs_generic)")
+    parser.add_argument("--plain", action="store_true",
+                        help="before all, plain vLLM on that backbone in its own process (vs_plain)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     write = result_writer(args.out, "speechctl.bench.families", argv)
@@ -323,6 +359,7 @@ def main(argv=None) -> None:
     result = run_family_bench(
         args.family, args.size, tuple(int(c) for c in args.concurrency.split(",")), args.frames,
         args.repeats, transformers_too=not args.no_transformers, codec=args.codec, partial=write, generic=args.generic,
+        plain=args.plain,
     )
     write(result)
     print(json.dumps(result, indent=2))

@@ -74,6 +74,9 @@ def run_plain(shape: str, concurrencies, tokens: int, prompt_len: int, repeats: 
 
     def timed(count: int) -> float:
         prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(prompt_len)]) for i in range(count)]
+        # prefilled anew each repeat, as speechctl's rows are (``SpeechEngine.forget_cached_prompts``)
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("plain vLLM: the prefix cache could not be emptied")
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
