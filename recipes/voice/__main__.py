@@ -140,6 +140,7 @@ def main(argv=None) -> None:
                    help="the first held-out sentence read: report on 0 (the first --limit), choose settings from 40 on")
     q.add_argument("--seed", type=int, default=1234)
     q.add_argument("--asr", default="whisper-tiny.en")
+    q.add_argument("--dtype", default=None, help="the voice's engine's dtype (default: the checkpoint's)")
 
     q = sub.add_parser("lm-attention", help="does the LM read along? each head's attention on the word each "
                                             "held-out frame reads (align.py), against attention spread evenly")
@@ -254,7 +255,7 @@ def main(argv=None) -> None:
         repetitions = [repetition_row(item) for item in args.repetition or ["voice"]]
         command = shlex.join(["python", "-m", "recipes.voice", *(sys.argv[1:] if argv is None else argv)])
         eval_voice(Path(args.model), Path(args.data), Path(args.out), args.limit, samplings, args.seed, args.asr,
-                   command=command, first=args.first, repetitions=repetitions)
+                   command=command, first=args.first, repetitions=repetitions, dtype=args.dtype)
     elif args.command == "lm-attention":
         import numpy as np
 

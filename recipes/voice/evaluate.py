@@ -116,13 +116,14 @@ def eval_codec(codec_model: Path, data_dir: Path, out: Path, limit: int | None =
 
 def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samplings=((0.8, 50),), seed: int = 1234,
                asr: str = "whisper-tiny.en", keep_wavs: int = 4, command: str | None = None, first: int = 0,
-               repetitions=(None,)) -> dict:
+               repetitions=(None,), dtype: str | None = None) -> dict:
     """Issue 20's round-trip table on ``limit`` held-out sentences from the ``first``-th: Whisper's
     WER on espeak-ng's audio, on the exported voice's codec reconstruction of that audio, and on
     the voice saying the sentences through speechctl's API (``Speech(model_dir)``), one row per
     sampling setting (temperature, top-k and, where a third value is given, the classifier-free
     guidance scale; one seed per sentence) and repetition-aware sampling (``repetitions``: (window,
-    max_repeat), (0, 0) off, None the voice's own). The sentences reported are the first 40;
+    max_repeat), (0, 0) off, None the voice's own); ``dtype`` the voice's engine's (None: the
+    checkpoint's, as a user gets it). The sentences reported are the first 40;
     settings are chosen on others (``first`` = 40 on): a setting picked on the sentences it is
     reported on reads better than it is. Writes report.json, transcripts.json, table.md (with
     ``command``) and a few wavs to ``out``."""
@@ -130,6 +131,7 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
 
     from recipes.voice.config import Recipe
     from speechctl.api import Speech, TtsJob, load_asr
+    from speechctl.engine.config import EngineConfig
     from speechctl.engine.params import Guidance, Sampling
 
     model_dir, out = Path(model_dir), Path(out)
@@ -147,7 +149,7 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
         rows = [{"audio": "espeak-ng (the training synthesizer)", "hyps": transcribe(originals, whisper)},
                 {"audio": "espeak-ng through the voice's codec", "hyps": transcribe(rebuilt, whisper),
                  "snr_db_mean": round(float(np.mean(snrs)), 2)}]
-        speech = Speech(model_dir)
+        speech = Speech(model_dir, engine_config=EngineConfig(dtype=dtype) if dtype else None)
         rate = speech.sample_rate
         for (temperature, top_k, *guided), repetition in itertools.product(samplings, repetitions):
             scale = guided[0] if guided else 1.0
@@ -176,7 +178,8 @@ def eval_voice(model_dir: Path, data_dir: Path, out: Path, limit: int = 40, samp
         whisper.close()
     for row in rows:
         row["wer"] = round(wer(texts, row["hyps"]), 4)
-    report = {"utterances": n, "first": first, "asr": asr, "seed": seed, "model": str(model_dir), "command": command,
+    report = {"utterances": n, "first": first, "asr": asr, "seed": seed, "model": str(model_dir), "dtype": dtype,
+              "command": command,
               "rows": [{k: v for k, v in r.items() if k != "hyps"} for r in rows]}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     (out / "transcripts.json").write_text(json.dumps(
