@@ -434,47 +434,6 @@ def test_urgent_batches_are_decoded_first_and_apart_from_the_bulk_waiting():
     assert done == ["U", "U", "B", "B"]
 
 
-def test_bulk_batches_decode_in_pieces_with_urgent_ones_between():
-    """With ``piece_frames`` (the streamer's) a running bulk decode holds a streamed chunk back
-    for one piece at most: whole items of up to that many frames a call (a longer one alone), an
-    urgent batch that arrives meanwhile next; each bulk batch still gets its own waveforms, in
-    order, and a failed piece fails its batches once each, where they are read."""
-    import threading
-    import time
-    import types
-
-    from speechctl.codecs.worker import DecodeQueue
-
-    started, release, calls = threading.Event(), threading.Event(), []
-
-    def decode(codes):
-        calls.append([item.shape[1] for item in codes])
-        if len(calls) == 1:
-            started.set()
-            release.wait(10)  # the first piece runs while a chunk arrives
-        if 7 in calls[-1]:
-            raise ValueError("bad codes")
-        return [np.full(item.shape[1], item.shape[1], dtype=np.float32) for item in codes]
-
-    queue = DecodeQueue(types.SimpleNamespace(device=torch.device("cuda"), decode=decode), piece_frames=100)
-    try:
-        first = queue.decode([np.zeros((2, n)) for n in (60, 30, 50)])  # one step's one-shot requests
-        second = queue.decode([np.zeros((2, 250)), np.zeros((2, 20))])
-        assert started.wait(10)
-        chunk = queue.decode([np.zeros((2, 3))], urgent=True)
-        release.set()
-        assert [len(w) for w in first.result(10)] == [60, 30, 50]
-        assert [len(w) for w in second.result(10)] == [250, 20]
-        assert [len(w) for w in chunk.result(10)] == [3]
-        failing = queue.decode([np.zeros((2, 5)), np.zeros((2, 7))])
-        with pytest.raises(ValueError, match="bad codes"):
-            failing.result(10)
-    finally:
-        queue.close()
-    assert calls[:4] == [[60, 30], [3], [50], [250]]  # the chunk after the first piece
-    assert calls[4:] == [[20], [5, 7]]
-
-
 # ---- fixed windows and decode graphs (CUDA; their CPU stand-in here) ----
 
 

@@ -17,14 +17,6 @@ first and apart: waiting urgent batches are decoded in one call before any waiti
 (whole one-shot waveforms), not merged with it. Merged, a first chunk of a few frames waited for
 the step's finished one-shot requests' whole audio to decode beside it: under the real Higgs
 3B's load its decode wait was 12 ms at p50 and 150–240 ms at p95 (H100, forty-ninth session).
-
-Apart, it still waited for a bulk decode already running: the one-shot requests that finished
-in a step, up to ~60 words of audio each, were one call (128 ms at p95). With ``piece_frames``
-(the streamer's) the worker decodes bulk batches a piece at a time, whole items of at most that
-many frames together (a longer item alone), and looks for urgent batches between pieces: a chunk
-then waits for one piece at most. Each item decodes as it would alone (``run_exact_batched``), so
-pieces change no sample; without urgent batches (``Speech.run_requests``) pieces would only cost
-batching, so the default is none.
 """
 
 from __future__ import annotations
@@ -41,23 +33,14 @@ from speechctl.codecs.base import Codec
 from speechctl.threads import worker_pool
 
 
-# The streamer's bulk pieces (module doc): 512 frames of Higgs' tokenizer (20 s of audio) are a
-# few of its 150-frame decode windows in one call, a batch that still fills the GPU.
-BULK_PIECE_FRAMES = 512
-
-
 class DecodeQueue:
-    def __init__(self, codec: Codec, thread: bool | None = None, piece_frames: int | None = None):
-        """``thread``: decode on the worker thread (None: on CUDA only, where it overlaps).
-        ``piece_frames``: bulk batches decode in pieces of about that many frames, urgent ones
-        between them (None: all the waiting bulk in one call)."""
+    def __init__(self, codec: Codec, thread: bool | None = None):
+        """``thread``: decode on the worker thread (None: on CUDA only, where it overlaps)."""
         self.codec = codec
         thread = codec.device.type == "cuda" if thread is None else thread
         self._pool = worker_pool("speechctl-codec") if thread else None
-        self._piece_frames = piece_frames
         self._pending: deque[tuple[list, Future]] = deque()
-        # submitted, not yet taken by the worker: urgent batches, bulk ones (with pieces: one
-        # entry an item, its own future, gathered into its batch's by ``_gathered``)
+        # submitted, not yet taken by the worker: urgent, bulk
         self._waiting: tuple[list, list] = ([], [])
         self._lock = threading.Lock()
         # seconds the codec spent decoding (on the worker thread, or in the caller's on the CPU):
@@ -80,28 +63,21 @@ class DecodeQueue:
         elif self._pool is None:
             future.set_result(self._timed_decode(codes))
         else:
-            entries = [(codes, future)]
-            if not urgent and self._piece_frames is not None:
-                entries = [([item], Future()) for item in codes]
-                _gather(future, [part for _, part in entries])
             with self._lock:
-                self._waiting[0 if urgent else 1].extend(entries)
+                self._waiting[0 if urgent else 1].append((codes, future))
             self._pool.submit(self._decode_waiting)
         return future
 
     def _decode_waiting(self) -> None:
-        """The worker: the urgent batches waiting, in one decode, then the bulk ones (in one, or
-        a piece), until none wait (none now: an earlier call took them)."""
+        """The worker: the urgent batches waiting, in one decode, then the bulk ones, in one,
+        until none wait (none now: an earlier call took them)."""
         while True:
             with self._lock:
                 urgent, bulk = self._waiting
-                if urgent:
-                    batches, self._waiting = urgent, ([], bulk)
-                else:
-                    taken = _piece(bulk, self._piece_frames)
-                    batches, self._waiting = bulk[:taken], ([], bulk[taken:])
+                batches = urgent or bulk
                 if not batches:
                     return
+                self._waiting = ([], bulk) if urgent else ([], [])
             self._decode_batches(batches)
 
     def _decode_batches(self, batches: list[tuple[list[np.ndarray], Future]]) -> None:
@@ -136,36 +112,3 @@ class DecodeQueue:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-
-
-def _piece(entries: list[tuple[list[np.ndarray], Future]], frames: int | None) -> int:
-    """How many of the waiting bulk ``entries`` the next decode takes: all (``frames`` None), or
-    the first ones up to ``frames`` frames together (at least one)."""
-    if frames is None:
-        return len(entries)
-    total = 0
-    for taken, (codes, _) in enumerate(entries):
-        total += sum(item.shape[1] for item in codes)
-        if total > frames:
-            return max(taken, 1)
-    return len(entries)
-
-
-def _gather(batch: Future, parts: list[Future]) -> None:
-    """Complete ``batch`` with its one-item ``parts``' waveforms, in order, once all are done
-    (with the first failure, where one failed)."""
-    remaining, lock = [len(parts)], threading.Lock()
-
-    def part_done(_: Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0]:
-                return
-        failed = next((part.exception() for part in parts if part.exception() is not None), None)
-        if failed is not None:
-            batch.set_exception(failed)
-        else:
-            batch.set_result([part.result()[0] for part in parts])
-
-    for part in parts:
-        part.add_done_callback(part_done)

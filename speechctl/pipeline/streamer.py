@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from speechctl.codecs.streaming import Plan, StreamingDecoder
-from speechctl.codecs.worker import BULK_PIECE_FRAMES, DecodeQueue
+from speechctl.codecs.worker import DecodeQueue
 from speechctl.errors import EngineError, SpeechctlError
 from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
 from speechctl.pieces import Sequence
@@ -99,8 +99,7 @@ class SpeechStreamer:
                                         first_lookahead=first_lookahead)
         # (CUDA) before a first chunk waits for one, or a one-shot request's audio for its length's
         speech.codec.record_decode_graphs(self.decoder.window_lengths(), padded=True)
-        # one-shot waveforms in pieces, so a chunk never waits long behind them (codecs.worker)
-        self._decodes = DecodeQueue(speech.codec, thread=decode_thread, piece_frames=BULK_PIECE_FRAMES)
+        self._decodes = DecodeQueue(speech.codec, thread=decode_thread)
         self._in_flight: deque[_Decoding] = deque()
         self._live: dict[str, _Live] = {}
         self._closing: dict[str, _Live] = {}  # out of the engine, audio still being decoded
