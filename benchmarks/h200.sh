@@ -104,9 +104,10 @@ for stage in "$@"; do
       FAMILIES=csm CONC=1,64 FRAMES=${CSM_FRAMES:-64} REPEATS=${REPEATS:-2} \
         timeout "${CSM_TIMEOUT:-400}" bash benchmarks/families_h200.sh bench
       ;;
-    stream)  # (STREAM_MAX_CHUNKS=32,128: a row per largest chunk at every concurrency, side by side)
+    stream)  # (STREAM_MAX_CHUNKS=32,128: a row per largest chunk at every concurrency, side by side; unset:
+      # the codec's default, 128 frames on CUDA — until the fiftieth session this stage passed 32)
       timeout "${STREAM_TIMEOUT:-400}" python3 -m speechctl.cli bench --stream --no-turn --shape llama-1b --concurrency "${STREAM_CONC:-1,4,16,64,256}" \
-        --max-chunks "${STREAM_MAX_CHUNKS:-32}" --frames 128 --repeats 3 --out "$OUT/stream-llama-1b.json" --plot "$OUT/stream-llama-1b.png" 2> "$OUT/stream.log" | tail -30
+        ${STREAM_MAX_CHUNKS:+--max-chunks "$STREAM_MAX_CHUNKS"} --frames 128 --repeats 3 --out "$OUT/stream-llama-1b.json" --plot "$OUT/stream-llama-1b.png" 2> "$OUT/stream.log" | tail -30
       ;;
     asr)  # the real first use: converts the bundled weights into the cache, then runs them
       HF_ORACLE=1 timeout "${ASR_TIMEOUT:-300}" python3 benchmarks/asr_check.py whisper-tiny.en "$OUT/asr-h200.json" \

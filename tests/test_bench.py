@@ -203,6 +203,11 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     split = row["step_ms"]  # the engine's steps, split by whether one finished a prefill (each request's once)
     assert 0 < split["prefill"]["steps"] + split["decode_only"]["steps"] <= row["steps"]
     assert 1 <= split["prefill"]["steps"] <= row["requests"] and split["prefill"]["p95"] >= split["prefill"]["p50"] > 0
+    # the same steps split by the codec decoding beside them, and by a submission just before them
+    for yes, no in (("beside_codec", "codec_idle"), ("after_submit", "no_submit")):
+        assert split[yes]["steps"] + split[no]["steps"] == split["prefill"]["steps"] + split["decode_only"]["steps"]
+    assert 1 <= split["after_submit"]["steps"] <= row["requests"]
+    assert split["beside_codec"]["steps"] >= 1  # (on the CPU the codec decodes within the step call)
     assert result["max_chunks"] == [32, 4] and (row["max_chunk"], small["max_chunk"]) == (32, 4)
     assert (small["load"], small["audio_s"], small["streamed"]) == (row["load"], row["audio_s"], row["streamed"])
     # smaller chunks: more windows, so more context decoded again; the first chunk no later

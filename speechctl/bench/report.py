@@ -4,6 +4,7 @@ rates against concurrency beside a ratio with its reference lines."""
 from __future__ import annotations
 
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -52,7 +53,10 @@ def environment(speechctl: bool = True) -> dict:
     import vllm
 
     env = {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-           "python": platform.python_version()}
+           "python": platform.python_version(),
+           # how long a thread holds Python's lock while another waits (the step loop beside the
+           # codec's thread): an A/B sets it before the run (docs/gpu.md, fiftieth entry)
+           "switch_interval_s": sys.getswitchinterval()}
     if torch.cuda.is_available():
         env["device"] = torch.cuda.get_device_name(0)
         if torch.cuda.device_count() > 1:

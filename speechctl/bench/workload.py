@@ -92,20 +92,27 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     pending = sorted(zip(arrivals, range(len(jobs))))
     seen = {job.id: {"arrival": t, "stream": stream} for t, (job, stream) in zip(arrivals, jobs)}
     samples: dict[str, int] = {}
-    step_seconds: list[tuple[bool, float]] = []  # per engine step: did it finish a prefill, its engine seconds
+    # per engine step: did it finish a prefill, did the codec decode beside it, were requests
+    # submitted just before it, its engine seconds (_step_split)
+    step_seconds: list[tuple[bool, bool, bool, float]] = []
     while pending or streamer.busy():
         now = time.perf_counter() - start
+        submitted = False
         while pending and pending[0][0] <= now:
             _, i = pending.pop(0)
             job, stream = jobs[i]
             streamer.submit_request(job.id, fixed_length(speech, job), stream=stream)
+            submitted = True
         if not streamer.busy():
             time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
             continue
         before = (streamer.engine_steps, streamer.first_outputs, streamer.seconds["engine"])
+        decoding, started = streamer.codec_activity()
         chunks = streamer.step()
         if streamer.engine_steps > before[0]:
-            step_seconds.append((streamer.first_outputs > before[1], streamer.seconds["engine"] - before[2]))
+            beside_codec = decoding or streamer.codec_activity()[1] > started
+            step_seconds.append((streamer.first_outputs > before[1], beside_codec, submitted,
+                                 streamer.seconds["engine"] - before[2]))
         for chunk in chunks:
             row, t = seen[chunk.id], time.perf_counter() - start
             if chunk.error:
@@ -185,20 +192,34 @@ def described(row: dict) -> str:
             f"codec {row['codec_s']} s, host {row['host_s']} s (a step p50/p95: with a prefill "
             f"{row['step_ms']['prefill']['p50']}/{row['step_ms']['prefill']['p95']} ms x{row['step_ms']['prefill']['steps']}, "
             f"decodes only {row['step_ms']['decode_only']['p50']}/{row['step_ms']['decode_only']['p95']} ms "
-            f"x{row['step_ms']['decode_only']['steps']}); the codec decoded {row['codec_busy_s']} s "
+            f"x{row['step_ms']['decode_only']['steps']}; beside the codec {_p(row, 'beside_codec')}, "
+            f"codec idle {_p(row, 'codec_idle')}; after a submission {_p(row, 'after_submit')}, "
+            f"none {_p(row, 'no_submit')}); the codec decoded {row['codec_busy_s']} s "
             f"and recorded {row['codec_graphs_recorded']} decode graphs; Triton compiled {row['triton_kernels_compiled']} kernels"
             + "".join(f", {n} {name}" for name, n in row["triton_kernels_compiled_names"].items()))
 
 
-def _step_split(steps: list[tuple[bool, float]]) -> dict:
-    """The engine's step time in ms (p50, p95, how many) of the steps that finished a request's
-    prefill (a prompt beside the decodes) and of those that did not (decodes only): which of them
-    is slow under load, where TTFA is steps times step time."""
+def _p(row: dict, part: str) -> str:
+    """One part of a row's ``step_ms``, for the log line."""
+    stats = row["step_ms"][part]
+    return f"{stats['p50']}/{stats['p95']} ms x{stats['steps']}"
+
+
+def _step_split(steps: list[tuple[bool, bool, bool, float]]) -> dict:
+    """The engine's step time in ms (p50, p95, how many) split three ways, each a suspect for
+    the slow steps under load, where TTFA is steps times step time: the steps that finished a
+    request's prefill (a prompt beside the decodes) or not (decodes only); those during which
+    the codec decoded on its thread (sharing the GPU and Python's lock) or not; those just after
+    requests were submitted (their admission) or not."""
     def stats(xs):
         return {"p50": round(1000 * float(np.percentile(xs, 50)), 2), "p95": round(1000 * float(np.percentile(xs, 95)), 2),
                 "steps": len(xs)} if xs else {"p50": None, "p95": None, "steps": 0}
 
-    return {"prefill": stats([t for p, t in steps if p]), "decode_only": stats([t for p, t in steps if not p])}
+    def split(index: int, yes: str, no: str) -> dict:
+        return {yes: stats([s[-1] for s in steps if s[index]]), no: stats([s[-1] for s in steps if not s[index]])}
+
+    return {**split(0, "prefill", "decode_only"), **split(1, "beside_codec", "codec_idle"),
+            **split(2, "after_submit", "no_submit")}
 
 
 def _compiles() -> int:

@@ -127,6 +127,11 @@ class SpeechStreamer:
         time the steps did not wait for, unless the audio came late)."""
         return self._decodes.busy_s
 
+    def codec_activity(self) -> tuple[bool, int]:
+        """(a decode runs now, decodes started so far): a step during which the codec decoded
+        started with one running or saw the count grow (the workload bench splits step times so)."""
+        return self._decodes.decoding, self._decodes.decodes_started
+
     @property
     def sample_rate(self) -> int:
         return self.speech.sample_rate
