@@ -285,7 +285,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
     chunks (None: the codec's default); the saturated rounds and the other rounds use the first,
     and each load runs at every one, the same arrivals (a row per load and largest chunk, side by
     side)."""
-    from speechctl.bench.report import environment
+    from speechctl.bench.report import environment, host_probe
 
     cfg = speech.checkpoint.family.cfg is not None
     rate = speech.codec.frame_rate
@@ -369,7 +369,10 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         offered = fraction * saturated_rate
         arrivals = list(np.cumsum(np.random.default_rng(seed + 7).exponential(1 / offered, len(jobs))))
         driven = drive(speech, jobs, arrivals, first_lookahead=first_lookahead, max_chunk=max_chunk)
-        return {"load": fraction, "max_chunk": max_chunk, "offered_requests_per_s": round(offered, 3), **summarize(driven)}
+        # the host's speed right after the round: it has moved between processes on one machine
+        # (58 and 87 ns a loop, fiftieth session), and a load round's steps are host-bound
+        return {"load": fraction, "max_chunk": max_chunk, "offered_requests_per_s": round(offered, 3), **summarize(driven),
+                "host_after": host_probe()}
 
     for fraction in rates:
         for max_chunk in max_chunks:
