@@ -209,6 +209,9 @@ def test_workload_bench_drives_arrivals_of_mixed_requests(monkeypatch):
     assert 1 <= split["after_submit"]["steps"] <= row["requests"]
     assert split["beside_codec"]["steps"] >= 1  # (on the CPU the codec decodes within the step call)
     assert row["host_after"]["python_loop_ns"] > 0 and row["host_after"]["launch_us"] > 0  # the host after the round
+    pauses = row["gc_pauses"]  # Python's collections during the round: young ones happen in any round this long
+    assert pauses["collections"][0] > 0 and len(pauses["ms"]) == len(pauses["longest_ms"]) == 3
+    assert all(0 <= longest <= total for longest, total in zip(pauses["longest_ms"], pauses["ms"]))
     assert result["max_chunks"] == [32, 4] and (row["max_chunk"], small["max_chunk"]) == (32, 4)
     assert (small["load"], small["audio_s"], small["streamed"]) == (row["load"], row["audio_s"], row["streamed"])
     # smaller chunks: more windows, so more context decoded again; the first chunk no later

@@ -95,33 +95,34 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # per engine step: did it finish a prefill, did the codec decode beside it, were requests
     # submitted just before it, its engine seconds (_step_split)
     step_seconds: list[tuple[bool, bool, bool, float]] = []
-    while pending or streamer.busy():
-        now = time.perf_counter() - start
-        submitted = False
-        while pending and pending[0][0] <= now:
-            _, i = pending.pop(0)
-            job, stream = jobs[i]
-            streamer.submit_request(job.id, fixed_length(speech, job), stream=stream)
-            submitted = True
-        if not streamer.busy():
-            time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
-            continue
-        before = (streamer.engine_steps, streamer.first_outputs, streamer.seconds["engine"])
-        decoding, started = streamer.codec_activity()
-        chunks = streamer.step()
-        if streamer.engine_steps > before[0]:
-            beside_codec = decoding or streamer.codec_activity()[1] > started
-            step_seconds.append((streamer.first_outputs > before[1], beside_codec, submitted,
-                                 streamer.seconds["engine"] - before[2]))
-        for chunk in chunks:
-            row, t = seen[chunk.id], time.perf_counter() - start
-            if chunk.error:
-                raise EngineError(f"workload request failed: {chunk.error}")
-            if len(chunk.audio) and "first" not in row:
-                row["first"] = t
-            samples[chunk.id] = samples.get(chunk.id, 0) + len(chunk.audio)
-            if chunk.last:
-                row["last"] = t
+    with _GcPauses() as collections:
+        while pending or streamer.busy():
+            now = time.perf_counter() - start
+            submitted = False
+            while pending and pending[0][0] <= now:
+                _, i = pending.pop(0)
+                job, stream = jobs[i]
+                streamer.submit_request(job.id, fixed_length(speech, job), stream=stream)
+                submitted = True
+            if not streamer.busy():
+                time.sleep(max(0.0, min(pending[0][0] - now, 0.01)))
+                continue
+            before = (streamer.engine_steps, streamer.first_outputs, streamer.seconds["engine"])
+            decoding, started = streamer.codec_activity()
+            chunks = streamer.step()
+            if streamer.engine_steps > before[0]:
+                beside_codec = decoding or streamer.codec_activity()[1] > started
+                step_seconds.append((streamer.first_outputs > before[1], beside_codec, submitted,
+                                     streamer.seconds["engine"] - before[2]))
+            for chunk in chunks:
+                row, t = seen[chunk.id], time.perf_counter() - start
+                if chunk.error:
+                    raise EngineError(f"workload request failed: {chunk.error}")
+                if len(chunk.audio) and "first" not in row:
+                    row["first"] = t
+                samples[chunk.id] = samples.get(chunk.id, 0) + len(chunk.audio)
+                if chunk.last:
+                    row["last"] = t
     for job_id, row in seen.items():
         row["audio_s"] = samples.get(job_id, 0) / speech.sample_rate
     for wait in streamer.first_audio:  # the driver's part: a request arriving mid-step waits for its end
@@ -135,7 +136,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
                   "codec_graphs_recorded": recorded, **_triton_compiled_since(kernels_before),
                   "streamed_window_frames": streamer.decoder.window_frames,
-                  "step_ms": _step_split(step_seconds),
+                  "step_ms": _step_split(step_seconds), "gc_pauses": collections.summary(),
                   "first_audio": streamer.first_audio}
 
 
@@ -194,9 +195,41 @@ def described(row: dict) -> str:
             f"decodes only {row['step_ms']['decode_only']['p50']}/{row['step_ms']['decode_only']['p95']} ms "
             f"x{row['step_ms']['decode_only']['steps']}; beside the codec {_p(row, 'beside_codec')}, "
             f"codec idle {_p(row, 'codec_idle')}; after a submission {_p(row, 'after_submit')}, "
-            f"none {_p(row, 'no_submit')}); the codec decoded {row['codec_busy_s']} s "
+            f"none {_p(row, 'no_submit')}); garbage collections by generation {row['gc_pauses']['collections']}, "
+            f"longest {row['gc_pauses']['longest_ms']} ms; the codec decoded {row['codec_busy_s']} s "
             f"and recorded {row['codec_graphs_recorded']} decode graphs; Triton compiled {row['triton_kernels_compiled']} kernels"
             + "".join(f", {n} {name}" for name, n in row["triton_kernels_compiled_names"].items()))
+
+
+class _GcPauses:
+    """Python's garbage collections while it lives, per generation: how many and how long (a
+    full collection stops every thread; is one of them a long step under load?)."""
+
+    def __init__(self):
+        import gc
+
+        self._gc, self._started = gc, None
+        self.counts, self.seconds, self.longest = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            took, generation = time.perf_counter() - self._started, info["generation"]
+            self.counts[generation] += 1
+            self.seconds[generation] += took
+            self.longest[generation] = max(self.longest[generation], took)
+
+    def __enter__(self) -> "_GcPauses":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {"collections": self.counts, "ms": [round(1000 * t, 2) for t in self.seconds],
+                "longest_ms": [round(1000 * t, 2) for t in self.longest]}
 
 
 def _p(row: dict, part: str) -> str:
