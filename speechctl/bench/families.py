@@ -117,13 +117,12 @@ def run_family_bench(
         rows = []
         generic_result = plain_result = None
         shape = GENERIC_SHAPES[family] if size == "full" else "tiny"
+        prompt_tokens = family_prompt_tokens(path) if plain or generic else 0  # (loads the tokenizer)
         if plain:
-            plain_result = _plain_rows(shape, concurrencies, frames, repeats, family_prompt_tokens(path),
-                                       engine_overrides, log)
+            plain_result = _plain_rows(shape, concurrencies, frames, repeats, prompt_tokens, engine_overrides, log)
             rows += plain_result.pop("rows")
         if generic:
-            generic_result = _generic_rows(shape, config, concurrencies, frames, repeats, log,
-                                           prompt_tokens=family_prompt_tokens(path))
+            generic_result = _generic_rows(shape, config, concurrencies, frames, repeats, log, prompt_tokens=prompt_tokens)
             rows += generic_result.pop("rows")
         started = time.perf_counter()
         if codec:

@@ -17,6 +17,7 @@ round submitted at once, then the same round with uniform settings (one sampling
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import time
 from dataclasses import replace
@@ -95,7 +96,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     # per engine step: did it finish a prefill, did the codec decode beside it, were requests
     # submitted just before it, its engine seconds (_step_split)
     step_seconds: list[tuple[bool, bool, bool, float]] = []
-    with _GcPauses() as collections:
+    with _GcPauses() as gc_pauses:
         while pending or streamer.busy():
             now = time.perf_counter() - start
             submitted = False
@@ -136,7 +137,7 @@ def drive(speech, jobs: list[tuple[TtsJob, bool]], arrivals: list[float], first_
     return seen, {"steps": streamer.steps, **split, "codec_busy_s": round(streamer.codec_busy_s, 3),
                   "codec_graphs_recorded": recorded, **_triton_compiled_since(kernels_before),
                   "streamed_window_frames": streamer.decoder.window_frames,
-                  "step_ms": _step_split(step_seconds), "gc_pauses": collections.summary(),
+                  "step_ms": _step_split(step_seconds), "gc_pauses": gc_pauses.summary(),
                   "first_audio": streamer.first_audio}
 
 
@@ -191,9 +192,7 @@ def described(row: dict) -> str:
             f"to plan {row['ttfa_parts_ms']['first_output_to_plan']['p50']} ms at {row['decode_step_ms_before_first_chunk_p50']} ms/step), "
             f"e2e p50/p95 {row['e2e_p50_ms']}/{row['e2e_p95_ms']} ms; {row['steps']} steps: engine {row['engine_s']} s, "
             f"codec {row['codec_s']} s, host {row['host_s']} s (a step p50/p95: with a prefill "
-            f"{row['step_ms']['prefill']['p50']}/{row['step_ms']['prefill']['p95']} ms x{row['step_ms']['prefill']['steps']}, "
-            f"decodes only {row['step_ms']['decode_only']['p50']}/{row['step_ms']['decode_only']['p95']} ms "
-            f"x{row['step_ms']['decode_only']['steps']}; beside the codec {_p(row, 'beside_codec')}, "
+            f"{_p(row, 'prefill')}, decodes only {_p(row, 'decode_only')}; beside the codec {_p(row, 'beside_codec')}, "
             f"codec idle {_p(row, 'codec_idle')}; after a submission {_p(row, 'after_submit')}, "
             f"none {_p(row, 'no_submit')}); garbage collections by generation {row['gc_pauses']['collections']}, "
             f"longest {row['gc_pauses']['longest_ms']} ms; the codec decoded {row['codec_busy_s']} s "
@@ -206,9 +205,7 @@ class _GcPauses:
     full collection stops every thread; is one of them a long step under load?)."""
 
     def __init__(self):
-        import gc
-
-        self._gc, self._started = gc, None
+        self._started = None
         self.counts, self.seconds, self.longest = [0, 0, 0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
         gc.callbacks.append(self._callback)
 
@@ -225,7 +222,7 @@ class _GcPauses:
         return self
 
     def __exit__(self, *_) -> None:
-        self._gc.callbacks.remove(self._callback)
+        gc.callbacks.remove(self._callback)
 
     def summary(self) -> dict:
         return {"collections": self.counts, "ms": [round(1000 * t, 2) for t in self.seconds],

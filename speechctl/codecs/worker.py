@@ -46,8 +46,9 @@ class DecodeQueue:
         # seconds the codec spent decoding (on the worker thread, or in the caller's on the CPU):
         # a worker that runs behind shows here, not in the caller's step time
         self.busy_s = 0.0
-        self._decoding = False  # a decode is running now (read without the lock: a hint)
-        self.decodes_started = 0
+        # a decode runs now, and how many have started (benchmarks: do the caller's steps slow
+        # down beside one? read without the lock: hints)
+        self.decoding, self.decodes_started = False, 0
 
     def submit(self, tags: list, codes: list[np.ndarray]) -> None:
         """Decode ``codes`` ([K, T] each), with whatever else is waiting; ``tags`` come back with
@@ -95,18 +96,13 @@ class DecodeQueue:
             start += len(codes)
 
     def _timed_decode(self, codes: list[np.ndarray]) -> list[np.ndarray]:
-        started, self._decoding = time.perf_counter(), True
+        started, self.decoding = time.perf_counter(), True
         self.decodes_started += 1
         try:
             return self.codec.decode(codes)
         finally:
-            self._decoding = False
+            self.decoding = False
             self.busy_s += time.perf_counter() - started
-
-    @property
-    def decoding(self) -> bool:
-        """Whether a decode runs now (benchmarks: do the caller's steps slow down beside one?)."""
-        return self._decoding
 
     def ready(self, wait: bool = False) -> Iterator[tuple[object, np.ndarray]]:
         """(tag, waveform) of the batches decoded so far, in submission order (all of them,
