@@ -347,7 +347,9 @@ def test_one_shot_audio_decoded_in_windows_while_generated_equals_the_whole_deco
         assert got.warnings == ref.warnings
         np.testing.assert_array_equal(got.codes, ref.codes)
         assert len(got.audio) == len(ref.audio) > 0
-        np.testing.assert_allclose(got.audio, ref.audio, rtol=0, atol=TOLERANCE)
+        # (on CUDA cuDNN's TF32 convolutions round windows and wholes apart: assert_stream_equals_run)
+        atol = 1e-3 * float(np.abs(ref.audio).max()) if speech.codec.device.type == "cuda" else TOLERANCE
+        np.testing.assert_allclose(got.audio, ref.audio, rtol=0, atol=atol)
     assert speech.engine.scheduler_requests() == 0
 
 
