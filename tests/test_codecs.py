@@ -160,6 +160,26 @@ def test_decode_equals_transformers_decode(codec, reference_model, length):
         assert np.all(waveform[len(reference) :] == 0)
 
 
+def test_fused_snakes_decode_as_transformers_snakes_do(dac_path):
+    """``fuse_snakes`` (on by default on CUDA) compiles each Snake activation into one kernel:
+    the decode stays transformers' (its Snakes given varied alphas, as trained ones have), for
+    items of several lengths in one batch and one alone."""
+    from speechctl.codecs.base import fuse_snakes
+
+    plain, fused = load_codec(dac_path, device="cpu"), load_codec(dac_path, device="cpu")
+    assert plain.snakes_fused == fused.snakes_fused == 0  # (the CPU: not by default)
+    for codec in (plain, fused):
+        torch.manual_seed(5)
+        with torch.no_grad():
+            for module in codec.model.modules():
+                if type(module).__name__ == "Snake1d":
+                    module.alpha.uniform_(0.3, 3.0)
+    assert fuse_snakes(fused.model) == sum(type(m).__name__ == "Snake1d" for m in fused.model.modules()) > 0
+    items = random_codes([1, 9, 30], seed=3)
+    for got, want in zip(fused.decode(items) + fused.decode(items[2:]), plain.decode(items) + plain.decode(items[2:])):
+        np.testing.assert_allclose(got, want, rtol=0, atol=DECODE_TOLERANCE)
+
+
 def test_batch_of_64_uses_few_model_calls(codec, monkeypatch):
     calls = []
     decode_batch = codec._decode_batch

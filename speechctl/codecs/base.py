@@ -11,6 +11,7 @@ budget and through CUDA graphs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -51,6 +52,43 @@ def decode_graphs_enabled(codec: "Codec") -> bool:
     opt-in before, as a wrong graphed decode would be heard."""
     shapeable = bounded(codec.decode_context) or codec.decode_context[1] == 0
     return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
+
+
+def fused_snakes_enabled(codec: "Codec") -> bool:
+    """Compile the codec's Snake activations (``fuse_snakes``): on CUDA, unless
+    ``SPEECHCTL_CODEC_COMPILE=0``."""
+    return codec.device.type == "cuda" and os.environ.get("SPEECHCTL_CODEC_COMPILE", "1") != "0"
+
+
+def _snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The Snake activation as transformers' ``Snake1d`` computes it, ``x`` ``[B, C, T]``."""
+    return x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
+
+
+_fused_snake = None  # _snake compiled (one for all Snakes: the shapes are dynamic)
+
+
+def fuse_snakes(model: torch.nn.Module) -> int:
+    """Run every Snake activation of ``model`` (transformers' ``Snake1d``: DAC's decoder, Higgs'
+    tokenizer's acoustic decoder) as one fused kernel compiled by ``torch.compile``; returns how
+    many. Why: eager, a Snake is five kernels over its whole input (x * alpha, sin, square,
+    times 1 / alpha, plus x), each reading and writing it; on the H100 elementwise kernels were
+    ~70 % of the Higgs tokenizer's decode and its convolutions ~15 % (``benchmarks/codec_speed.py``,
+    fifty-first session). CUDA only (``load_codec``): on the CPU its compile, not its run, is what
+    a short command would wait for. The first decode of a new shape compiles before any graph
+    records it (``StepGraphs.run`` runs a shape eagerly first)."""
+    global _fused_snake
+    snakes = [m for m in model.modules() if type(m).__name__ == "Snake1d"]
+    if snakes and _fused_snake is None:
+        _fused_snake = torch.compile(_snake, dynamic=True)
+    for snake in snakes:
+        snake.forward = functools.partial(_fused_snake_forward, snake)
+    return len(snakes)
+
+
+def _fused_snake_forward(snake: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    shape = hidden_states.shape
+    return _fused_snake(hidden_states.reshape(shape[0], shape[1], -1), snake.alpha).reshape(shape)
 
 
 def keep_conv_padding_on_host(model: torch.nn.Module) -> int:
@@ -137,6 +175,7 @@ class Codec(ABC):
         self._graph_out: torch.Tensor | None = None  # the buffer they write their waveforms to
         self._graph_lengths: list[int] = []  # frames the decode's calls are padded up to (graphs on)
         self.graph_window: int | None = None
+        self.snakes_fused = 0  # Snake activations run as compiled kernels (``fuse_snakes``; CUDA)
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
 

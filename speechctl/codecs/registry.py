@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Codec, decode_graphs_enabled
+from .base import Codec, decode_graphs_enabled, fuse_snakes, fused_snakes_enabled
 
 # model_type -> "module:class", imported only when used (each family pulls in its own model code).
 CODEC_CLASSES: dict[str, str] = {
@@ -53,6 +53,8 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", leave_free_
     codec_class = getattr(importlib.import_module(module_name), class_name)
     codec = codec_class(path, device, **options)
     codec.leave_free_bytes = leave_free_bytes
+    if fused_snakes_enabled(codec) and hasattr(codec, "model"):
+        codec.snakes_fused = fuse_snakes(codec.model)  # (before fit_to_memory: it measures the fused decode)
     codec.fit_to_memory()
     if decode_graphs_enabled(codec):
         codec.use_decode_graphs()
