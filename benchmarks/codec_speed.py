@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out")
+    parser.add_argument("--compile-decoder", action="store_true", help="also the whole acoustic decoder compiled (Higgs)")
     args = parser.parse_args()
     codec = load_codec(resolve_checkpoint(args.model).codec_dir, device="cuda")
     rng = np.random.default_rng(0)
@@ -74,6 +75,17 @@ def main() -> None:
     codec.use_decode_graphs()
     timed("float32, decode graphs, Snakes fused")
     codec.decode_eagerly()
+    if args.compile_decoder:  # the whole acoustic decoder (Higgs' tokenizer) compiled: every elementwise op fused
+        started = time.perf_counter()
+        codec.model.acoustic_decoder = torch.compile(codec.model.acoustic_decoder, dynamic=True)
+        timed("float32, eager, decoder compiled")
+        result_extra = {"first_compiled_decoder_decode_s": round(time.perf_counter() - started, 1)}
+        tables["float32, eager, decoder compiled"] = profile()
+        codec.use_decode_graphs()
+        timed("float32, decode graphs, decoder compiled")
+        codec.decode_eagerly()
+    else:
+        result_extra = {}
     codec.model.to(torch.bfloat16)
     timed("bfloat16, eager, Snakes fused")
     ref = waves["float32, eager"]
@@ -81,7 +93,7 @@ def main() -> None:
     result = {"model": args.model, "requests": args.requests, "frames": args.frames, "rows": rows,
               "snakes": fused, "first_fused_decode_s": round(compile_s, 1),  # its compile with 1 + repeats decodes
               "max_diff_of_peak": {k: float(np.abs(w - ref).max()) / peak for k, w in waves.items()},
-              "profiles": tables, "device": torch.cuda.get_device_name()}
+              "profiles": tables, "device": torch.cuda.get_device_name(), **result_extra}
     print(result["max_diff_of_peak"], result["first_fused_decode_s"])
     if args.out:
         with open(args.out, "w") as f:

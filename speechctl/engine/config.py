@@ -25,6 +25,11 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # default: 1 GiB on CPU (a fraction of free memory there
     # would count other engines of this process against this one); GPU: gpu_memory_utilization
     enforce_eager: bool | None = None  # default: eager on CPU (fast start), CUDA graphs on GPU
+    # The most tokens a step may hold and still replay vLLM's CUDA graphs (vLLM's
+    # ``max_cudagraph_capture_size``; None: its default, min(2 x max_num_seqs, 512)). A step that
+    # admits a prompt holds its tokens beside one per running request; past the largest graph it
+    # runs eagerly, launching the whole forward op by op from the host.
+    max_graph_tokens: int | None = None
     dtype: str = "auto"
     seed: int = 0
     tensor_parallel_size: int = 1
@@ -87,6 +92,8 @@ class EngineConfig:
             args["num_gpu_blocks_override"] = self.num_kv_blocks
         if self.block_size is not None:
             args["block_size"] = self.block_size
+        if self.max_graph_tokens is not None and on_gpu:
+            args["compilation_config"] = {"max_cudagraph_capture_size": self.max_graph_tokens}
         return args
 
     def _memory_fraction(self, on_gpu: bool) -> float:
