@@ -32,7 +32,7 @@ case "${1:-bench}" in
         --frames "${FRAMES:-256}" --repeats "${REPEATS:-3}" --out "$OUT/families-$family${SUFFIX:-}.json" \
         $([ "${TRANSFORMERS:-1}" = 0 ] && echo --no-transformers) $([ "${CODEC:-0}" = 1 ] && echo --codec) \
         $([ "${GENERIC:-0}" = 1 ] && echo --generic) $([ "${PLAIN:-0}" = 1 ] && echo --plain) \
-        2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'(system|vs_|end_to_end|decoded_after)|Error|Traceback" 
+        2>&1 | tee "$OUT/bench-$family.log" | grep -E "^\{'(system|vs_|end_to_end)|Error|Traceback" 
     done
     ;;
   guided)

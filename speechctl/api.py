@@ -97,32 +97,22 @@ class Speech:
         failed: deque[Result] = deque()
         yield from self.run_requests(self._requests(iter(jobs), failed), failed)
 
-    def run_requests(self, requests: Iterable, failed: deque | None = None, *, decode_chunk: int | None = None
-                     ) -> Iterator[Result]:
+    def run_requests(self, requests: Iterable, failed: deque | None = None) -> Iterator[Result]:
         """Prepared engine requests (``Speech.request``; benchmarks build fixed-length ones
         tagged with their ``TtsJob``) through the engine, their audio decoded off the step loop
         (``codecs/worker.py``); results as they land. ``failed``: results to hand out between
-        steps (jobs refused before they reached the engine). ``decode_chunk``: frames of the
-        windows a TTS request's audio is decoded in while it is generated
-        (``pipeline/windowed.py``; None: ``windowed.CHUNK_FRAMES`` where the codec decodes on its
-        own thread with bounded windows, else whole; 0: whole, once the request finished)."""
+        steps (jobs refused before they reached the engine)."""
         from speechctl.codecs.worker import DecodeQueue
-        from speechctl.pipeline.windowed import CHUNK_FRAMES, WindowedDecode
 
         failed = failed if failed is not None else deque()
         decodes = DecodeQueue(self.codec)
-        if decode_chunk is None:
-            decode_chunk = CHUNK_FRAMES if WindowedDecode.usable(decodes) else 0
-        windowed = WindowedDecode(self.prompts, decodes, decode_chunk) if decode_chunk else None
-        if windowed is not None:
-            requests = map(windowed.prepare, requests)
         try:
             for outputs in self.engine.generate_steps(requests, every_step=True):
                 while failed:
                     yield failed.popleft()
-                yield from self._finish(outputs, decodes, windowed)
-                yield from self._decoded(decodes, windowed)
-            yield from self._decoded(decodes, windowed, wait=True)
+                yield from self._finish(outputs, decodes)
+                yield from self._decoded(decodes)
+            yield from self._decoded(decodes, wait=True)
         finally:
             decodes.close()
         while failed:
@@ -223,35 +213,25 @@ class Speech:
         the checkpoint's own where it sets one."""
         return self.checkpoint.defaults.max_piece_chars or MAX_PIECE_CHARS
 
-    def _finish(self, outputs, decodes, windowed=None) -> Iterator[Result]:
+    def _finish(self, outputs, decodes) -> Iterator[Result]:
         """Results that need no codec (ASR, failures); the step's finished TTS audio goes to
-        ``decodes`` as one batch, or, for requests decoded while generated, to ``windowed``
-        (with their streamed pieces)."""
+        ``decodes`` as one batch."""
         speech_out, codes = [], []
         for out in outputs:
             tag, job = out.tag, getattr(out.tag, "job", out.tag)
             if isinstance(tag, PartOf) and tag.whole.failed:
-                if windowed is not None:
-                    windowed.drop([tag])
                 continue
             error = out.error
             if error is None and isinstance(job, TtsJob):
                 try:
-                    if windowed is not None and windowed.take(out, self.engine):
-                        continue
                     (segment,) = self.prompts.audio_segments(out, starts_in_audio=True)
                 except (SpeechctlError, ValueError) as e:
                     error = str(e)
             if error is not None:
-                stopped = [] if out.finished else [tag]  # a streamed request's piece failed to read
                 if isinstance(tag, PartOf):  # the job fails as a whole: stop its other pieces
                     tag.whole.failed = True
-                    stopped = [t for t in self.engine.tags() if isinstance(t, PartOf) and t.whole is tag.whole]
+                    self.engine.abort([t for t in self.engine.tags() if isinstance(t, PartOf) and t.whole is tag.whole])
                     error = f"piece {tag.index + 1} of {len(tag.whole.pieces)}: {error}"
-                if stopped:
-                    self.engine.abort(stopped)
-                if windowed is not None:
-                    windowed.drop(stopped + [tag])
                 yield failure(job, f"{job.id}: {error}", self.sample_rate)
             elif isinstance(job, TtsJob):
                 speech_out.append(tag)
@@ -260,12 +240,9 @@ class Speech:
                 yield AsrResult(job.id, self.prompts.text(out), duration=len(job.audio) / self.sample_rate)
         decodes.submit(list(zip(speech_out, codes)), codes)
 
-    def _decoded(self, decodes, windowed=None, wait: bool = False) -> Iterator[Result]:
+    def _decoded(self, decodes, wait: bool = False) -> Iterator[Result]:
         for (tag, segment), wave in decodes.ready(wait):
             yield from self._tts_result(tag, segment, wave)
-        if windowed is not None:
-            for tag, segment, wave in windowed.ready(wait):
-                yield from self._tts_result(tag, segment, wave)
 
     def _tts_result(self, tag, segment: np.ndarray, wave: np.ndarray) -> Iterator[TtsResult]:
         if not isinstance(tag, PartOf):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import struct
-from collections import deque
 
 import numpy as np
 import pytest
@@ -306,50 +305,6 @@ def test_stream_tts_adds_up_to_run(speech):
         np.testing.assert_allclose(audio, whole[id].audio, rtol=0, atol=TOLERANCE)
         assert len(parts[0].audio) == 2 * hop  # a small first chunk
         assert len(parts) > 3 and parts[-1].last and not any(p.last for p in parts[:-1])
-    assert speech.engine.scheduler_requests() == 0
-
-
-@pytest.mark.engine
-def test_one_shot_audio_decoded_in_windows_while_generated_equals_the_whole_decode(speech):
-    """``run_requests(decode_chunk=N)`` (the CUDA default: ``pipeline/windowed.py``) decodes each
-    TTS request's windows while it is still generated, and hands out the same codes and, up to
-    float rounding, the same audio as decoding it whole once it finished: short and long jobs
-    (a long text's pieces too) beside an ASR job, in one batch."""
-    from speechctl.api import AsrJob, TtsJob
-
-    long_text = " ".join(f"Sentence number {i} of a long paragraph." for i in range(6))
-
-    def jobs():
-        return [TtsJob(id=f"w{i}", text=f"Windowed sentence {i}.", seed=30 + i, max_seconds=0.2 + 0.25 * i) for i in range(3)] + [
-            TtsJob(id="long", text=long_text, seed=7, max_seconds=0.5),
-            AsrJob(id="asr", audio=np.zeros(speech.sample_rate // 2, np.float32), max_tokens=4)]
-
-    def run(chunk: int) -> dict:
-        failed = deque()
-        return {r.id: r for r in speech.run_requests(speech._requests(iter(jobs()), failed), failed, decode_chunk=chunk)}
-
-    whole = run(0)
-    live_at_decode = []
-    decode = speech.codec.decode
-    speech.codec.decode = lambda codes: live_at_decode.append(speech.engine.scheduler_requests()) or decode(codes)
-    try:
-        windowed = run(4)
-    finally:
-        del speech.codec.decode
-    assert set(windowed) == set(whole)
-    assert max(live_at_decode) > 0  # windows decoded while requests still ran
-    for id, ref in whole.items():
-        got = windowed[id]
-        assert got.error is None and ref.error is None, (got.error, ref.error)
-        if id == "asr":
-            assert got.text == ref.text
-            continue
-        assert got.warnings == ref.warnings
-        np.testing.assert_array_equal(got.codes, ref.codes)
-        assert len(got.audio) == len(ref.audio) > 0
-        # (on CUDA cuDNN's TF32 convolutions round windows and wholes apart: assert_stream_equals_run)
-        atol = 1e-3 * float(np.abs(ref.audio).max()) if speech.codec.device.type == "cuda" else TOLERANCE
-        np.testing.assert_allclose(got.audio, ref.audio, rtol=0, atol=atol)
     assert speech.engine.scheduler_requests() == 0
 
 

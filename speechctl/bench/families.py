@@ -97,9 +97,8 @@ def run_family_bench(
 ) -> dict:
     """``partial(result)`` is called with the result so far after every row (a run cut short by
     a time limit still leaves its measured rows). ``codec``: also end to end, text to waveform
-    with the family's codec on the device (``Speech.run_requests``: decodes off the step loop,
-    on CUDA in windows while each request is generated), beside the LM alone in the same engine,
-    and with each request's audio decoded whole once it ended (``decode_chunk=0``). ``generic``: the generic shape of the family's
+    with the family's codec on the device (``Speech.run_requests``: decodes off the step loop),
+    beside the LM alone in the same engine (``end_to_end_vs_lm``). ``generic``: the generic shape of the family's
     backbone size first, on the same settings (``vs_generic``). ``plain``: before both, plain
     vLLM on that backbone in its own process (``vs_plain``)."""
     from speechctl.engine.engine import EngineConfig, SpeechEngine
@@ -168,7 +167,7 @@ def run_family_bench(
             if partial is not None:
                 partial(result)
 
-        def end_to_end(count: int, decode_chunk: int | None = None) -> float:
+        def end_to_end(count: int) -> float:
             from speechctl.jobs import TtsJob
 
             reqs = workload(count)
@@ -176,7 +175,7 @@ def run_family_bench(
                 req.tag = TtsJob(id=str(i), text="")
             engine.forget_cached_prompts()  # (as time_requests)
             start = time.perf_counter()
-            results = list(speech.run_requests(reqs, decode_chunk=decode_chunk))
+            results = list(speech.run_requests(reqs))
             elapsed = time.perf_counter() - start
             for r in results:
                 if r.error or r.codes.shape[1] < frames:
@@ -186,18 +185,16 @@ def run_family_bench(
         frame_rate = result["codec_frame_rate"]
         for count in concurrencies:
             add(timed_row("speechctl", lambda: time_requests(engine, workload(count)), count, frames, repeats, frame_rate))
-            if codec:  # the default (on CUDA: decoded in windows while generated), then each request decoded once it ended
+            if codec:
                 add(timed_row("speechctl+codec", lambda: end_to_end(count), count, frames, repeats, frame_rate))
-                add(timed_row("speechctl+codec, decoded after", lambda: end_to_end(count, 0), count, frames, repeats, frame_rate))
         fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
         for key, baseline in (("vs_plain", "plain vLLM"), ("vs_generic", "generic shape")):
             if (baseline, concurrencies[0]) in fps:
                 result[key] = {str(c): round(fps["speechctl", c] / fps[baseline, c], 3) for c in concurrencies}
                 log({key: result[key]})
-        for key, system in (("end_to_end_vs_lm", "speechctl+codec"), ("decoded_after_vs_lm", "speechctl+codec, decoded after")):
-            if (system, concurrencies[0]) in fps:
-                result[key] = {str(c): round(fps[system, c] / fps["speechctl", c], 3) for c in concurrencies}
-                log({key: result[key]})
+        if codec:
+            result["end_to_end_vs_lm"] = {str(c): round(fps["speechctl+codec", c] / fps["speechctl", c], 3) for c in concurrencies}
+            log({"end_to_end_vs_lm": result["end_to_end_vs_lm"]})
         prompt_ids = workload(1)[0].prompt_ids
         if codec:
             speech.close()

@@ -50,11 +50,6 @@ class DecodeQueue:
         # down beside one? read without the lock: hints)
         self.decoding, self.decodes_started = False, 0
 
-    @property
-    def threaded(self) -> bool:
-        """Whether decodes run on the worker thread, beside the caller's steps."""
-        return self._pool is not None
-
     def submit(self, tags: list, codes: list[np.ndarray]) -> None:
         """Decode ``codes`` ([K, T] each), with whatever else is waiting; ``tags`` come back with
         the waveforms (``ready``)."""
