@@ -73,7 +73,7 @@ def fuse_snakes(model: torch.nn.Module) -> int:
     tokenizer's acoustic decoder) as one fused kernel compiled by ``torch.compile``; returns how
     many. Why: eager, a Snake is five kernels over its whole input (x * alpha, sin, square,
     times 1 / alpha, plus x), each reading and writing it; on the H100 elementwise kernels were
-    ~70 % of the Higgs tokenizer's decode and its convolutions ~15 % (``benchmarks/codec_speed.py``,
+    ~70 % of the Higgs tokenizer's decode and its convolutions ~10 % (``benchmarks/codec_speed.py``,
     fifty-first session). CUDA only (``load_codec``): on the CPU its compile, not its run, is what
     a short command would wait for. The first decode of a new shape compiles before any graph
     records it (``StepGraphs.run`` runs a shape eagerly first)."""
