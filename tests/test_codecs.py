@@ -160,24 +160,33 @@ def test_decode_equals_transformers_decode(codec, reference_model, length):
         assert np.all(waveform[len(reference) :] == 0)
 
 
-def test_fused_snakes_decode_as_transformers_snakes_do(dac_path):
-    """``fuse_snakes`` (on by default on CUDA) compiles each Snake activation into one kernel:
-    the decode stays transformers' (its Snakes given varied alphas, as trained ones have), for
-    items of several lengths in one batch and one alone."""
-    from speechctl.codecs.base import fuse_snakes
+def test_compiled_codec_decodes_as_transformers_modules_do(dac_path, monkeypatch):
+    """On CUDA ``load_codec`` compiles part of the decode (``codec_compile_mode``): each Snake
+    activation into one kernel (``fuse_snakes``, the default), or the whole decoder
+    (``compile_decoder``, SPEECHCTL_CODEC_COMPILE=decoder). Either way the decode stays
+    transformers' (its Snakes given varied alphas, as trained ones have), for items of several
+    lengths in one batch and one alone. Nothing is compiled on the CPU; a wrong setting is named."""
+    from speechctl.codecs.base import codec_compile_mode, compile_decoder, fuse_snakes
 
-    plain, fused = load_codec(dac_path, device="cpu"), load_codec(dac_path, device="cpu")
-    assert plain.snakes_fused == fused.snakes_fused == 0  # (the CPU: not by default)
-    for codec in (plain, fused):
+    codecs = [load_codec(dac_path, device="cpu") for _ in range(3)]
+    assert all(c.compiled is None and codec_compile_mode(c) == "none" for c in codecs)  # (the CPU)
+    for codec in codecs:
         torch.manual_seed(5)
         with torch.no_grad():
             for module in codec.model.modules():
                 if type(module).__name__ == "Snake1d":
                     module.alpha.uniform_(0.3, 3.0)
-    assert fuse_snakes(fused.model) == sum(type(m).__name__ == "Snake1d" for m in fused.model.modules()) > 0
+    plain, snakes, decoder = codecs
+    assert fuse_snakes(snakes.model) == sum(type(m).__name__ == "Snake1d" for m in snakes.model.modules()) > 0
+    assert compile_decoder(decoder) and type(decoder.model.decoder).__name__ == "OptimizedModule"
     items = random_codes([1, 9, 30], seed=3)
-    for got, want in zip(fused.decode(items) + fused.decode(items[2:]), plain.decode(items) + plain.decode(items[2:])):
-        np.testing.assert_allclose(got, want, rtol=0, atol=DECODE_TOLERANCE)
+    want = plain.decode(items) + plain.decode(items[2:])
+    for codec in (snakes, decoder):
+        for got, ref in zip(codec.decode(items) + codec.decode(items[2:]), want):
+            np.testing.assert_allclose(got, ref, rtol=0, atol=DECODE_TOLERANCE)
+    monkeypatch.setenv("SPEECHCTL_CODEC_COMPILE", "everything")
+    with pytest.raises(ValueError, match="SPEECHCTL_CODEC_COMPILE='everything': expected snakes, decoder or 0"):
+        codec_compile_mode(plain)
 
 
 def test_batch_of_64_uses_few_model_calls(codec, monkeypatch):

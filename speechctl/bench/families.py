@@ -149,6 +149,7 @@ def run_family_bench(
             "start_up_graphs_s": engine.stats()["start_up_graphs_s"],  # and recording (compiling) the per-step graphs
             "codec_frame_rate": speech.codec.frame_rate if codec else None,
             "codec_decode_graphs": speech.codec.decode_graphs if codec else None,  # None: eager
+            "codec_compiled": speech.codec.compiled if codec else None,  # None: transformers' eager modules
             "rows": rows,
             "generic": generic_result,  # the generic shape's engine (its rows are among ``rows``)
             "plain": plain_result,  # plain vLLM's process (its rows too)

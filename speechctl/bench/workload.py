@@ -361,6 +361,7 @@ def run_workload_bench(speech, rates=(0.3, 0.5, 0.7, 0.9, 1.2), requests: int = 
         # (left, right) frames: a streamed request's first audio waits for `right` frames past it
         "codec_decode_context": list(speech.codec.decode_context),
         "codec_decode_graphs": speech.codec.decode_graphs,  # None: it decodes eagerly (codecs/base.py)
+        "codec_compiled": speech.codec.compiled,  # None: transformers' eager modules (codecs/base.py)
         "requests_per_rate": requests,
         "max_chunks": max_chunks,  # the streamed requests' largest chunks (the saturated rounds: the first)
         "mix": {"streamed": 0.5, "cfg": 0.25 if cfg else 0.0, "words": [3, 60], "frames_per_word": FRAMES_PER_WORD,

@@ -54,10 +54,29 @@ def decode_graphs_enabled(codec: "Codec") -> bool:
     return codec.device.type == "cuda" and shapeable and os.environ.get("SPEECHCTL_CODEC_GRAPHS", "1") != "0"
 
 
-def fused_snakes_enabled(codec: "Codec") -> bool:
-    """Compile the codec's Snake activations (``fuse_snakes``): on CUDA, unless
-    ``SPEECHCTL_CODEC_COMPILE=0``."""
-    return codec.device.type == "cuda" and os.environ.get("SPEECHCTL_CODEC_COMPILE", "1") != "0"
+def codec_compile_mode(codec: "Codec") -> str:
+    """What of the codec's decode ``load_codec`` compiles: ``SPEECHCTL_CODEC_COMPILE`` = "snakes"
+    (the default on CUDA: its Snake activations, ``fuse_snakes``), "decoder" (the whole decoder,
+    ``compile_decoder``: an opt-in to measure, 2.3x the eager decode of Higgs' tokenizer on the
+    H100 against the Snakes' 1.5x, fifty-first session) or "0" (nothing: transformers' eager
+    modules). Nothing on the CPU, where a short command would wait for the compile."""
+    mode = os.environ.get("SPEECHCTL_CODEC_COMPILE", "snakes")
+    mode = {"1": "snakes", "0": "none"}.get(mode, mode)
+    if mode not in ("snakes", "decoder", "none"):
+        raise ValueError(f"SPEECHCTL_CODEC_COMPILE={mode!r}: expected snakes, decoder or 0")
+    return mode if codec.device.type == "cuda" else "none"
+
+
+def compile_decoder(codec: "Codec") -> bool:
+    """Compile the codec's decoder (its model's ``decoder_module``) whole with ``torch.compile``,
+    shapes dynamic: every elementwise op between its convolutions fused; False where the codec
+    names none. The compile happens at the first decode of a shape, eagerly, before any graph
+    records it (``StepGraphs.run``)."""
+    name = getattr(codec, "decoder_module", None)
+    if name is None:
+        return False
+    setattr(codec.model, name, torch.compile(getattr(codec.model, name), dynamic=True))
+    return True
 
 
 def _snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
@@ -129,8 +148,12 @@ class Codec(ABC):
             item longer than it is decoded in; None otherwise.
 
     Subclasses set the model up, call ``Codec.__init__`` and then ``self.measure_contexts()``, and
-    implement ``_decode_batch``, ``_encode_batch`` and ``_encoder_features``.
+    implement ``_decode_batch``, ``_encode_batch`` and ``_encoder_features``; one whose ``model``
+    decodes through a submodule that takes the quantized latents to audio names it in
+    ``decoder_module`` (``compile_decoder``).
     """
+
+    decoder_module: str | None = None
 
     sample_rate: int
     frame_rate: float
@@ -175,7 +198,7 @@ class Codec(ABC):
         self._graph_out: torch.Tensor | None = None  # the buffer they write their waveforms to
         self._graph_lengths: list[int] = []  # frames the decode's calls are padded up to (graphs on)
         self.graph_window: int | None = None
-        self.snakes_fused = 0  # Snake activations run as compiled kernels (``fuse_snakes``; CUDA)
+        self.compiled: str | None = None  # what of its decode runs compiled (``load_codec``; CUDA)
 
     # ---- what a codec family implements: equal-length batches, no padding logic ----
 

@@ -25,6 +25,7 @@ class DacCodec(Codec):
     """
 
     model_type = "dac"
+    decoder_module = "decoder"  # quantized latents -> audio (``compile_decoder``)
 
     def __init__(
         self,

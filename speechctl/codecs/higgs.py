@@ -37,6 +37,7 @@ class HiggsAudioV2Codec(Codec):
     """``HiggsAudioV2TokenizerModel`` in eval mode on ``device``; see ``Codec`` for the interface."""
 
     model_type = "higgs_audio_v2_tokenizer"
+    decoder_module = "acoustic_decoder"  # quantized latents -> audio (``compile_decoder``)
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Codec, decode_graphs_enabled, fuse_snakes, fused_snakes_enabled
+from .base import Codec, codec_compile_mode, compile_decoder, decode_graphs_enabled, fuse_snakes
 
 # model_type -> "module:class", imported only when used (each family pulls in its own model code).
 CODEC_CLASSES: dict[str, str] = {
@@ -39,9 +39,10 @@ def codec_model_type(path: str | Path) -> str:
 def load_codec(path: str | Path, device: str | torch.device = "cpu", leave_free_bytes: int = 0, **options) -> Codec:
     """Load the codec in checkpoint directory ``path`` onto ``device``, in eval mode.
 
-    ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA its batches
-    are then fitted to the codec's memory budget (``Codec.fit_to_memory``), and it decodes in
-    CUDA graphs where it can (``decode_graphs_enabled``), both within the device's free memory
+    ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA parts of its
+    decode are compiled (``codec_compile_mode``: its Snakes, or its decoder where asked and
+    named, else its Snakes), its batches are then fitted to the codec's memory budget
+    (``Codec.fit_to_memory``), and it decodes in CUDA graphs where it can (``decode_graphs_enabled``), both within the device's free memory
     less ``leave_free_bytes`` (an engine's room for its steps: ``SpeechEngine.step_room_bytes``).
     Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
     """
@@ -53,8 +54,12 @@ def load_codec(path: str | Path, device: str | torch.device = "cpu", leave_free_
     codec_class = getattr(importlib.import_module(module_name), class_name)
     codec = codec_class(path, device, **options)
     codec.leave_free_bytes = leave_free_bytes
-    if fused_snakes_enabled(codec) and hasattr(codec, "model"):
-        codec.snakes_fused = fuse_snakes(codec.model)  # (before fit_to_memory: it measures the fused decode)
+    # (before fit_to_memory: it measures the compiled decode)
+    mode = codec_compile_mode(codec)
+    if mode == "decoder" and compile_decoder(codec):
+        codec.compiled = f"{codec.decoder_module}, whole"
+    elif mode != "none" and hasattr(codec, "model") and fuse_snakes(codec.model):
+        codec.compiled = "Snake activations"
     codec.fit_to_memory()
     if decode_graphs_enabled(codec):
         codec.use_decode_graphs()
