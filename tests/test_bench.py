@@ -43,7 +43,8 @@ def test_throughput_bench_sets_speechctl_beside_plain_vllm_and_times_the_codec()
         assert row["eager_rtf_median"] > 0
         # the baseline's fastest process is the reference (two processes, one figure each)
         assert len(row["plain_vllm_runs"]) == 2 and row["plain_vllm_tokens_per_s"] == max(row["plain_vllm_runs"])
-        assert row["overhead_ratio"] == pytest.approx(row["eager_frames_per_s"] / row["plain_vllm_tokens_per_s"], rel=1e-2)
+        # (rounded to 3 decimals: on a busy machine this tiny run can read a ratio near 0.01)
+        assert row["overhead_ratio"] == pytest.approx(row["eager_frames_per_s"] / row["plain_vllm_tokens_per_s"], abs=1e-3)
     codec = result["codec"]
     assert codec["requests"] == 4 and codec["batched_s"] > 0 and codec["one_by_one_s"] > 0
     # each process's host speed beside the results (the plain baseline runs in its own process)

@@ -1,7 +1,7 @@
 """The per-step code that runs only on CUDA, run on the CPU: speechctl's per-step graphs (bucketed
 batches, padding rows in the scratch slot, graphs recorded at attach for every variant, keyed by
-the host's settings), vLLM's graph buckets past ``max_num_seqs`` (its largest is twice it), the
-general audio sampling path, against the plain-PyTorch reference and the batch-independence
+the host's settings), vLLM's graph buckets past ``max_num_seqs`` (its largest is twice it; the
+per-step graphs stop at the first that holds it), the general audio sampling path, against the plain-PyTorch reference and the batch-independence
 checks of the parity suites.
 
 Only the CUDA calls themselves are stood in for (``cuda_stand_in.py``): a graph's replay runs its
@@ -53,16 +53,18 @@ def _runtime(engine):
 
 
 def test_the_cuda_paths_are_the_ones_running(engine):
-    """Graphs recorded at attach for every bucket but vLLM's one-row bucket (one row replays the
-    two-row graph: ``use_step_graphs``), the largest past the batch limit, with the readback
-    room for it; the general sampling path on."""
+    """Graphs recorded at attach for every bucket up to the first that holds the batch limit (a
+    step has a row per request; vLLM's larger buckets count tokens: ``step_graph_sizes``) but
+    vLLM's one-row bucket (one row replays the two-row graph: ``use_step_graphs``); the readback
+    has room for the largest graph's rows (on CUDA also for vLLM's largest bucket:
+    ``cudagraph_capture_rows``); the general sampling path on."""
     rt = _runtime(engine)
-    buckets = [b for b in BUCKETS if b > 1]
+    assert max(BUCKETS) > engine.config.max_num_seqs
+    buckets = [b for b in BUCKETS if 1 < b <= engine.config.max_num_seqs]
     assert isinstance(rt.logits_graphs, CpuGraphs) and rt.logits_graphs.sizes == buckets
     assert rt.stats()["graph_captures"] >= 2 * len(buckets)  # input and logits graphs, every bucket
     assert engine.stats()["start_up_graphs_s"] > 0  # their recording's share of start-up, for the benches
-    assert max(BUCKETS) > engine.config.max_num_seqs
-    assert rt.table.readback.record.shape[0] >= max(BUCKETS)
+    assert rt.table.readback.record.shape[0] >= max(buckets)
     assert rt.table.settings.general_audio
     assert graphs.step_graphs_enabled is not runtime.step_graphs_enabled  # the stand-in, not the module's own
     replays = CpuGraphs.replays
