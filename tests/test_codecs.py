@@ -185,7 +185,9 @@ def test_compiled_codec_decodes_as_transformers_modules_do(dac_path, monkeypatch
         for got, ref in zip(codec.decode(items) + codec.decode(items[2:]), want):
             np.testing.assert_allclose(got, ref, rtol=0, atol=DECODE_TOLERANCE)
     monkeypatch.setenv("SPEECHCTL_CODEC_COMPILE", "everything")
-    with pytest.raises(ValueError, match="SPEECHCTL_CODEC_COMPILE='everything': expected snakes, decoder or 0"):
+    from speechctl.errors import InputError
+
+    with pytest.raises(InputError, match="SPEECHCTL_CODEC_COMPILE='everything': give snakes, decoder or 0"):
         codec_compile_mode(plain)
 
 

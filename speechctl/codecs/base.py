@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from speechctl.codecs.batching import Context, bounded, frames_within, measure_context, pad_end, run_exact_batched
+from speechctl.errors import InputError
 from speechctl.graphs import StepGraphs
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def codec_compile_mode(codec: "Codec") -> str:
     mode = os.environ.get("SPEECHCTL_CODEC_COMPILE", "snakes")
     mode = {"1": "snakes", "0": "none"}.get(mode, mode)
     if mode not in ("snakes", "decoder", "none"):
-        raise ValueError(f"SPEECHCTL_CODEC_COMPILE={mode!r}: expected snakes, decoder or 0")
+        raise InputError(f"SPEECHCTL_CODEC_COMPILE={mode!r}: give snakes, decoder or 0")
     return mode if codec.device.type == "cuda" else "none"
 
 
