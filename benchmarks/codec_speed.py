@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -21,8 +22,6 @@ import torch
 
 
 def main() -> None:
-    import os
-
     os.environ["SPEECHCTL_CODEC_COMPILE"] = "0"  # transformers' Snakes first; fused below
     from speechctl.codecs import load_codec
     from speechctl.codecs.base import fuse_snakes

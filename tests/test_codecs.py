@@ -167,6 +167,7 @@ def test_compiled_codec_decodes_as_transformers_modules_do(dac_path, monkeypatch
     transformers' (its Snakes given varied alphas, as trained ones have), for items of several
     lengths in one batch and one alone. Nothing is compiled on the CPU; a wrong setting is named."""
     from speechctl.codecs.base import codec_compile_mode, compile_decoder, fuse_snakes
+    from speechctl.errors import InputError
 
     codecs = [load_codec(dac_path, device="cpu") for _ in range(3)]
     assert all(c.compiled is None and codec_compile_mode(c) == "none" for c in codecs)  # (the CPU)
@@ -185,8 +186,6 @@ def test_compiled_codec_decodes_as_transformers_modules_do(dac_path, monkeypatch
         for got, ref in zip(codec.decode(items) + codec.decode(items[2:]), want):
             np.testing.assert_allclose(got, ref, rtol=0, atol=DECODE_TOLERANCE)
     monkeypatch.setenv("SPEECHCTL_CODEC_COMPILE", "everything")
-    from speechctl.errors import InputError
-
     with pytest.raises(InputError, match="SPEECHCTL_CODEC_COMPILE='everything': give snakes, decoder or 0"):
         codec_compile_mode(plain)
 

@@ -1,8 +1,8 @@
 """The per-step code that runs only on CUDA, run on the CPU: speechctl's per-step graphs (bucketed
 batches, padding rows in the scratch slot, graphs recorded at attach for every variant, keyed by
 the host's settings), vLLM's graph buckets past ``max_num_seqs`` (its largest is twice it; the
-per-step graphs stop at the first that holds it), the general audio sampling path, against the plain-PyTorch reference and the batch-independence
-checks of the parity suites.
+per-step graphs stop at the first that holds it), the general audio sampling path, against the
+plain-PyTorch reference and the batch-independence checks of the parity suites.
 
 Only the CUDA calls themselves are stood in for (``cuda_stand_in.py``): a graph's replay runs its
 function again on the same static, padded inputs, where CUDA would replay the recorded kernels
@@ -53,9 +53,9 @@ def _runtime(engine):
 
 
 def test_the_cuda_paths_are_the_ones_running(engine):
-    """Graphs recorded at attach for every bucket up to the first that holds the batch limit (a
-    step has a row per request; vLLM's larger buckets count tokens: ``step_graph_sizes``) but
-    vLLM's one-row bucket (one row replays the two-row graph: ``use_step_graphs``); the readback
+    """Graphs recorded at attach (``use_step_graphs``) for every bucket up to the first that holds
+    the batch limit (a step has a row per request; vLLM's larger buckets count tokens) but
+    vLLM's one-row bucket (one row replays the two-row graph); the readback
     has room for the largest graph's rows (on CUDA also for vLLM's largest bucket:
     ``cudagraph_capture_rows``); the general sampling path on."""
     rt = _runtime(engine)

@@ -447,27 +447,6 @@ def test_no_step_graphs_under_tensor_parallelism(monkeypatch):
         assert vllm_compat.step_graph_sizes(runner) == sizes
 
 
-
-def test_step_graphs_stop_at_the_bucket_of_the_most_requests(monkeypatch):
-    """vLLM's graph sizes count tokens (up to 2 x max_num_seqs, or EngineConfig.max_graph_tokens);
-    speechctl's per-step graphs run a row per request: sizes past the first that holds
-    max_num_seqs are left out. The runner keeps max_num_seqs as ``max_num_reqs``."""
-    import inspect
-
-    import vllm.distributed
-    from types import SimpleNamespace
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    from speechctl.engine import vllm_compat
-
-    assert "self.max_num_reqs = scheduler_config.max_num_seqs" in inspect.getsource(GPUModelRunner.__init__)
-    monkeypatch.setattr(vllm.distributed, "get_tensor_model_parallel_world_size", lambda: 1)
-    sizes = [1, 2, 4, 8, 16, 24, 32, 40]
-    for most, want in ((16, [1, 2, 4, 8, 16]), (20, [1, 2, 4, 8, 16, 24]), (64, sizes), (None, sizes)):
-        runner = SimpleNamespace(cudagraph_batch_sizes=sizes, **({"max_num_reqs": most} if most else {}))
-        assert vllm_compat.step_graph_sizes(runner) == want
-
-
 def test_kv_cache_manager_hands_out_held_blocks():
     """The pair scheduler counts a request's held blocks with ``get_blocks(id).blocks[0]``."""
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager

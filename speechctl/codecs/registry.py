@@ -39,11 +39,11 @@ def codec_model_type(path: str | Path) -> str:
 def load_codec(path: str | Path, device: str | torch.device = "cpu", leave_free_bytes: int = 0, **options) -> Codec:
     """Load the codec in checkpoint directory ``path`` onto ``device``, in eval mode.
 
-    ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA parts of its
-    decode are compiled (``codec_compile_mode``: its Snakes, or its decoder where asked and
-    named, else its Snakes), its batches are then fitted to the codec's memory budget
-    (``Codec.fit_to_memory``), and it decodes in CUDA graphs where it can (``decode_graphs_enabled``), both within the device's free memory
-    less ``leave_free_bytes`` (an engine's room for its steps: ``SpeechEngine.step_room_bytes``).
+    ``options`` go to the codec class (for example ``max_batch_frames``). On CUDA part of its
+    decode is compiled (``codec_compile_mode``: its Snakes, or its decoder where asked and named),
+    its batches are then fitted to the codec's memory budget (``Codec.fit_to_memory``), and it
+    decodes in CUDA graphs where it can (``decode_graphs_enabled``), both within the device's
+    free memory less ``leave_free_bytes`` (an engine's room for its steps: ``SpeechEngine.step_room_bytes``).
     Raises ``ValueError`` for a directory without a readable config or an unknown ``model_type``.
     """
     model_type = codec_model_type(path)

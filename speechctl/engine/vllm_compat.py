@@ -12,8 +12,7 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   start locations, positions, token ids) the model reads before the forward; wiring the model's
   stream runtime to them and to the ``StreamTracker`` logits processor inside the runner;
   ``gather_mm_only_in_prompts`` (no per-request walk for multimodal items on decode steps).
-* ``step_graph_sizes`` / ``cudagraph_batch_sizes``: vLLM's capture sizes (up to the most
-  requests), none under TP.
+* ``step_graph_sizes`` / ``cudagraph_batch_sizes``: vLLM's capture sizes, none under TP.
 * ``CodesProcessorHooks`` / ``CodesDummyHooks`` / ``token_processor_inputs``: multimodal
   processor hooks whose names changed between 0.26 and 0.32 (audio arrives as codec codes).
 * scheduler internals for ``engine/pairs.py``: ``KvAllocation``, ``cache_prompt_blocks_only``,
@@ -466,20 +465,7 @@ def step_graph_sizes(runner) -> list[int]:
     H200s, vLLM 0.26). The backbone's forward keeps vLLM's full graphs."""
     from vllm.distributed import get_tensor_model_parallel_world_size
 
-    if get_tensor_model_parallel_world_size() != 1:
-        return []
-    return rows_buckets(cudagraph_batch_sizes(runner), getattr(runner, "max_num_reqs", None))
-
-
-def rows_buckets(sizes: list[int], max_rows: int | None) -> list[int]:
-    """``sizes`` up to the first that holds ``max_rows`` (None: all). vLLM's graph sizes count a
-    step's tokens, up to twice its most requests by default and more where a step with a prompt
-    should replay one (``EngineConfig.max_graph_tokens``); speechctl's per-step graphs run one
-    row per request, so sizes past the most requests would be recorded and never replayed."""
-    if max_rows is None:
-        return list(sizes)
-    fits = [s for s in sizes if s >= max_rows]
-    return [s for s in sizes if s < max_rows] + fits[:1]
+    return cudagraph_batch_sizes(runner) if get_tensor_model_parallel_world_size() == 1 else []
 
 
 def cudagraph_batch_sizes(runner) -> list[int]:

@@ -50,6 +50,7 @@ class StreamRuntime:
         self.spec = spec
         self.pattern = spec.pattern
         self.device = device
+        self.max_rows = max_rows
         self.table = SlotTable(spec, max_rows=max_rows, max_len=max_len, device=device, depth_decoder=depth_decoder)
         self.table.reserve_rows(graph_rows)
         self.rules = FrameRules(spec, device)
@@ -255,6 +256,10 @@ class StreamRuntime:
         # size-oblivious tracing fails to lower the sampling step), so recording that bucket
         # would compile every variant twice (docs/families.md, Dia's start-up).
         sizes = [s for s in sizes if s > 1] or list(sizes)
+        # Up to the first size that holds max_rows: a step has a row per request, while vLLM's
+        # sizes count a step's tokens (up to twice the most requests by default, more with
+        # EngineConfig.max_graph_tokens); larger graphs would be recorded and never replayed.
+        sizes = [s for s in sizes if s < self.max_rows] + [s for s in sizes if s >= self.max_rows][:1]
         if step_graphs_enabled(self.device) and sizes:
             self._graphs = (StepGraphs(sizes, self.device), StepGraphs(sizes, self.device))
             self.input_graphs, self.logits_graphs = self._graphs
