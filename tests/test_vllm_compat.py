@@ -91,6 +91,28 @@ def test_engine_args_we_pass_exist():
     assert "hf_overrides" in fields  # a family's config overrides (CSM's vocabulary)
 
 
+def test_on_a_gpu_a_step_that_admits_a_prompt_stays_in_vllms_graphs(monkeypatch):
+    """On a GPU speechctl asks vLLM for CUDA graphs up to 512 tokens (a speech prompt is hundreds
+    of tokens, past vLLM's default of twice max_num_seqs: such steps ran eagerly). The field must
+    exist on vLLM's CompilationConfig and vLLM must clip it to the step's token budget, so a
+    smaller max_num_batched_tokens never asks for a graph no step can fill."""
+    import inspect
+
+    from vllm.config import CompilationConfig, VllmConfig
+
+    from speechctl.engine import config as engine_config
+    from speechctl.engine.config import DEFAULT_GRAPH_TOKENS, EngineConfig
+
+    monkeypatch.setattr(engine_config, "has_cuda", lambda: True)
+    wanted = EngineConfig().engine_args("m")["compilation_config"]
+    assert wanted == {"max_cudagraph_capture_size": DEFAULT_GRAPH_TOKENS} and DEFAULT_GRAPH_TOKENS == 512
+    assert CompilationConfig(**wanted).max_cudagraph_capture_size == 512
+    assert "min(max_num_tokens, max_cudagraph_capture_size)" in inspect.getsource(VllmConfig._set_cudagraph_sizes)
+    assert "compilation_config" not in EngineConfig(max_graph_tokens=None).engine_args("m")  # vLLM's default
+    monkeypatch.setattr(engine_config, "has_cuda", lambda: False)
+    assert "compilation_config" not in EngineConfig().engine_args("m")  # the CPU runs eagerly
+
+
 def test_a_kv_budget_in_bytes_asks_vllm_for_that_share_of_the_gpu(monkeypatch):
     """vLLM 0.26 refuses to start unless gpu_memory_utilization x device memory is free, also when
     kv_cache_memory_bytes sizes the cache: an engine with a byte budget asks for the budget's

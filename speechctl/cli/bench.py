@@ -42,7 +42,7 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
               help="Throughput: measure speechctl in this many processes of its own, alternating with the plain-vLLM ones, and keep the fastest (0: in this process, after them).")
 @click.option("--no-eager", is_flag=True, help="Throughput: skip the run with the per-step CUDA graphs off.")
 @click.option("--codec-requests", type=click.IntRange(0), default=64, show_default=True, help="Throughput: requests in the batched-vs-one-by-one codec decode (0: skip).")
-@click.option("--max-graph-tokens", type=click.IntRange(1), default=None, help="The most tokens a step may hold and still replay vLLM's CUDA graphs (a step that admits a prompt holds its tokens; default: vLLM's, twice the most requests up to 512).")
+@click.option("--max-graph-tokens", type=click.IntRange(0), default=None, help="The most tokens a step may hold and still replay vLLM's CUDA graphs (a step that admits a prompt holds its tokens; default: speechctl's 512; 0: vLLM's default, twice the most requests up to 512).")
 @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (vLLM's tensor parallelism). Data parallelism: benchmarks/multi_gpu.py.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
@@ -66,7 +66,7 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
     chunks = _max_chunks(max_chunks)
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
     if max_graph_tokens is not None:
-        overrides["max_graph_tokens"] = max_graph_tokens
+        overrides["max_graph_tokens"] = max_graph_tokens or None
     overrides = overrides or None
     if cfg + stream + workload + arnar > 1:
         raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")

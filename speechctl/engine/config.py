@@ -8,6 +8,13 @@ from speechctl.accelerator import gpu_memory_share, has_cuda
 from speechctl.errors import EngineError
 
 DEFAULT_CONTEXT = 4096  # positions per request when a checkpoint takes more (KV memory per request)
+# A speech prompt is hundreds of tokens (Higgs' byte tokenizer: 132-429 for 3-60 words), past vLLM's
+# default largest graph at 64 or 128 requests (128 / 256 tokens): every step that admitted one ran
+# eagerly. At 512, real Higgs 3B, H100, the workload bench at 0.7 of saturation, two runs against
+# vLLM's default (docs/benchmarks/throughput.md, fifty-second session): a step after a submission
+# 17-22 ms at p50 against 55-63, streamed TTFA p95 465-474 ms against 913-1059, 150-157 audio-s/s
+# against 127-138, start-up about 4 s longer. (1024: p95s a little lower, start-up ~45 s longer.)
+DEFAULT_GRAPH_TOKENS = 512
 
 
 @dataclass
@@ -26,10 +33,11 @@ class EngineConfig:
     # would count other engines of this process against this one); GPU: gpu_memory_utilization
     enforce_eager: bool | None = None  # default: eager on CPU (fast start), CUDA graphs on GPU
     # The most tokens a step may hold and still replay vLLM's CUDA graphs (vLLM's
-    # ``max_cudagraph_capture_size``; None: its default, min(2 x max_num_seqs, 512)). A step that
-    # admits a prompt holds its tokens beside one per running request; past the largest graph it
-    # runs eagerly, launching the whole forward op by op from the host.
-    max_graph_tokens: int | None = None
+    # ``max_cudagraph_capture_size``, at most max_num_batched_tokens; None: vLLM's default,
+    # min(2 x max_num_seqs, 512)). A step that admits a prompt holds its tokens beside one per
+    # running request; past the largest graph it runs eagerly, launching the whole forward op by
+    # op from the host.
+    max_graph_tokens: int | None = DEFAULT_GRAPH_TOKENS
     dtype: str = "auto"
     seed: int = 0
     tensor_parallel_size: int = 1
