@@ -424,6 +424,9 @@ def test_stream_bench_on_a_checkpoint_that_holds_only_its_codec(tmp_path):
     assert saved["model"]["family"] == "csm" and row["concurrency"] == 1
     # streaming's cost in total time, the two medians' ratio (issue 21 item 3)
     assert row["last_vs_one_shot"] == round(row["streaming_last_s"] / row["one_shot_last_s"], 3) > 0
+    # and within each repeat's pair (one repeat here: the same ratio, up to the medians' rounding)
+    (pair,) = row["last_vs_one_shot_by_repeat"]
+    assert pair == pytest.approx(row["last_vs_one_shot"], abs=0.01)
     # and where each run's time went: both ran the 4 frames' steps (+ the delay pattern's), the
     # engine's share within the run's wall time
     streamed, one_shot = row["streaming_parts_s"], row["one_shot_parts_s"]

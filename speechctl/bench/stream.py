@@ -177,7 +177,7 @@ def _check_lengths(speech, samples: dict, frames: int) -> None:
 def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, max_chunk: int, log) -> dict:
     _streamed(speech, count, frames, first_chunk, max_chunk)  # warm-up at this batch size (and its windows' graphs)
     _one_shot(speech, count, frames)
-    s_first, s_last, o_done, s_parts, o_parts = [], [], [], [], []
+    s_first, s_last, o_done, s_parts, o_parts, pair_ratios = [], [], [], [], [], []
     for _ in range(repeats):
         first, last, parts = _streamed(speech, count, frames, first_chunk, max_chunk)
         s_first += first
@@ -186,6 +186,7 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, ma
         done, parts = _one_shot(speech, count, frames)
         o_done += done
         o_parts.append(parts)
+        pair_ratios.append(round(statistics.median(last) / statistics.median(done), 3))
     row = {
         "concurrency": count,
         "max_chunk": max_chunk,
@@ -200,6 +201,9 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, ma
     # what streaming costs in total time (issue 21 item 3: at most 1.1): the last streamed chunk
     # against the one-shot waveform, the same requests in the same engine
     row["last_vs_one_shot"] = round(row["streaming_last_s"] / row["one_shot_last_s"], 3)
+    # the same ratio within each repeat's back-to-back pair: its spread is the run's own noise
+    # (a process's steps can run 15 % slower for a while, whichever mode is running)
+    row["last_vs_one_shot_by_repeat"] = pair_ratios
     # where each run's wall time went (medians over the repeats): the engine's steps, the codec
     # (streamed: planning, waiting for and handing out decodes, beside the worker's busy seconds;
     # one-shot: its decodes in the loop), the rest (streamed: each request's tokens to its reader)
@@ -208,7 +212,7 @@ def _tts_row(speech, count: int, frames: int, repeats: int, first_chunk: int, ma
     log(
         f"tts c={count:3d} max chunk {max_chunk:3d}  first audio: streaming {1000 * row['streaming_ttfa_s']:8.1f} ms, "
         f"one-shot {1000 * row['one_shot_ttfa_s']:8.1f} ms  (last: {1000 * row['streaming_last_s']:.1f} ms "
-        f"streaming, {row['last_vs_one_shot']:.2f}x one-shot)  for {row['audio_s']} s of audio"
+        f"streaming, {row['last_vs_one_shot']:.2f}x one-shot; by repeat {pair_ratios})  for {row['audio_s']} s of audio"
     )
     return row
 
