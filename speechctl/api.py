@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -97,23 +98,31 @@ class Speech:
         failed: deque[Result] = deque()
         yield from self.run_requests(self._requests(iter(jobs), failed), failed)
 
-    def run_requests(self, requests: Iterable, failed: deque | None = None) -> Iterator[Result]:
+    def run_requests(self, requests: Iterable, failed: deque | None = None, timings: dict | None = None) -> Iterator[Result]:
         """Prepared engine requests (``Speech.request``; benchmarks build fixed-length ones
         tagged with their ``TtsJob``) through the engine, their audio decoded off the step loop
         (``codecs/worker.py``); results as they land. ``failed``: results to hand out between
-        steps (jobs refused before they reached the engine)."""
+        steps (jobs refused before they reached the engine). ``timings`` (benchmarks): filled
+        with the engine's steps, the ``perf_counter`` time its last step's outputs came back
+        (``last_step_at``) and the seconds the codec spent decoding (``codec_busy_s``)."""
         from speechctl.codecs.worker import DecodeQueue
 
         failed = failed if failed is not None else deque()
         decodes = DecodeQueue(self.codec)
+        steps = 0
         try:
             for outputs in self.engine.generate_steps(requests, every_step=True):
+                steps += 1
+                if timings is not None:
+                    timings["last_step_at"] = time.perf_counter()
                 while failed:
                     yield failed.popleft()
                 yield from self._finish(outputs, decodes)
                 yield from self._decoded(decodes)
             yield from self._decoded(decodes, wait=True)
         finally:
+            if timings is not None:
+                timings.update(steps=steps, codec_busy_s=decodes.busy_s)
             decodes.close()
         while failed:
             yield failed.popleft()

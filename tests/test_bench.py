@@ -111,6 +111,12 @@ def test_family_bench_times_plain_vllm_and_the_generic_shape_first_on_the_same_s
         assert result["vs_plain"][str(c)] == pytest.approx(rows["speechctl", c] / rows["plain vLLM", c], abs=1e-3)
         # end to end with the codec over the LM alone
         assert result["end_to_end_vs_lm"][str(c)] == pytest.approx(rows["speechctl+codec", c] / rows["speechctl", c], abs=1e-3)
+    # and where its time went: the steps until the last one's outputs, then the tail (one repeat:
+    # the two add up to its seconds); the codec decoded, every frame once and its delay steps
+    e2e = next(r for r in result["rows"] if r["system"] == "speechctl+codec" and r["concurrency"] == 2)
+    parts = e2e["parts_s"]
+    assert parts["steps"] >= 6 and parts["codec_busy_s"] > 0 and parts["after_last_step_s"] >= 0
+    assert parts["steps_s"] + parts["after_last_step_s"] == pytest.approx(e2e["seconds"][0], abs=2e-3)
 
 
 @pytest.mark.parametrize("family", ["dia", "musicgen"])

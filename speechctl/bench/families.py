@@ -168,26 +168,35 @@ def run_family_bench(
             if partial is not None:
                 partial(result)
 
-        def end_to_end(count: int) -> float:
+        def end_to_end(count: int, parts: list) -> float:
             from speechctl.jobs import TtsJob
 
             reqs = workload(count)
             for i, req in enumerate(reqs):
                 req.tag = TtsJob(id=str(i), text="")
             engine.forget_cached_prompts()  # (as time_requests)
+            timings = {}
             start = time.perf_counter()
-            results = list(speech.run_requests(reqs))
-            elapsed = time.perf_counter() - start
+            results = list(speech.run_requests(reqs, timings=timings))
+            end = time.perf_counter()
             for r in results:
                 if r.error or r.codes.shape[1] < frames:
                     raise EngineError(f"benchmark request failed: {r.error or r.codes.shape}")
-            return elapsed
+            # where the time went beside the LM alone's: the steps (slower beside the codec?),
+            # and the tail after the last step (the last requests' decode, their results)
+            parts.append({"steps": timings["steps"], "steps_s": timings["last_step_at"] - start,
+                          "after_last_step_s": end - timings["last_step_at"], "codec_busy_s": timings["codec_busy_s"]})
+            return end - start
 
         frame_rate = result["codec_frame_rate"]
         for count in concurrencies:
             add(timed_row("speechctl", lambda: time_requests(engine, workload(count)), count, frames, repeats, frame_rate))
             if codec:
-                add(timed_row("speechctl+codec", lambda: end_to_end(count), count, frames, repeats, frame_rate))
+                parts = []
+                row = timed_row("speechctl+codec", lambda: end_to_end(count, parts), count, frames, repeats, frame_rate)
+                timed = parts[1:]  # (the first is timed_row's warm-up)
+                row["parts_s"] = {k: round(statistics.median(p[k] for p in timed), 4) for k in timed[0]}
+                add(row)
         fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
         for key, baseline in (("vs_plain", "plain vLLM"), ("vs_generic", "generic shape")):
             if (baseline, concurrencies[0]) in fps:
