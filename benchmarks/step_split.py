@@ -15,6 +15,11 @@ item 2's gap at c = 64).
 One system per process (each engine gets the whole GPU); each writes step-<system>-<shape>.json.
 ``--timeline FRAMES`` also records every step of one whole fixed-length run, as the
 throughput bench times it: admission and prefill, steady decode and the tail, step by step.
+``--phases measure,admit --admit-tokens 300`` also times, beside the steady steps, the steps
+that admit one prompt of ~300 tokens while the others decode (issue 21 item 6: under arrivals
+these took 8-9x a decode step), each synced on both sides, with their top kernels:
+
+    python3 benchmarks/step_split.py --system higgs --concurrency 64 --phases measure,admit --admit-tokens 300 --kernels 25 --out $OUT
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import tempfile
 import time
 from functools import partial
@@ -39,10 +45,11 @@ from speechctl.engine.engine import EngineConfig
 
 PROMPT_LEN = 39
 WARM, TIMED, PROFILED = 20, 40, 8
+ADMISSIONS, ADMITTED_FRAMES = 12, 32  # the admit phase: prompts admitted untimed, then timed; each one's frames
 PROFILE_STEPS = range(100, 140)  # a timeline's steady steps under --host-profile
 
 
-def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
+def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, max_len: int = 512):
     """(step, submit(count)) for vLLM's own engine on a LlamaForCausalLM of the shape."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -52,7 +59,7 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
 
     vocab = plain_vocab(recipe)
     write_plain_config(tmp, recipe)
-    engine = plain_llm(recipe, tmp, max_seqs, 512, overrides).llm_engine
+    engine = plain_llm(recipe, tmp, max_seqs, max_len, overrides).llm_engine
     # FINAL_ONLY as in LLM.generate (and speechctl): the default (cumulative) output kind would
     # build every request's output every step (the first H200 run measured that by mistake)
     def params(frames: int) -> SamplingParams:
@@ -61,9 +68,9 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
 
     live: list[str] = []
 
-    def submit(count: int, frames: int = 400) -> None:
+    def submit(count: int, frames: int = 400, prompt_tokens: int = PROMPT_LEN) -> None:
         for i in range(count):
-            prompt = TokensPrompt(prompt_token_ids=[(7 * i + j) % vocab for j in range(PROMPT_LEN)])
+            prompt = TokensPrompt(prompt_token_ids=[(7 * (len(live) + i) + j) % vocab for j in range(prompt_tokens)])
             live.append(f"r{len(live)}-{time.monotonic_ns()}")
             engine.add_request(live[-1], prompt, params(frames))
 
@@ -81,7 +88,7 @@ def plain_engine(recipe, tmp: Path, max_seqs: int, overrides: dict):
     return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
 
 
-def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, real_higgs: bool = False):
+def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, max_len: int = 512, real_higgs: bool = False):
     from speechctl.engine.engine import SpeechEngine
     from speechctl.models.generic.checkpoint import create_multistream_checkpoint
 
@@ -93,15 +100,16 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, real_hig
     else:
         path, dtype = create_multistream_checkpoint(tmp / "m", recipe), recipe.dtype
         load_format = "auto" if recipe.weights else "dummy"
-    engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=512, dtype=dtype,
+    engine = SpeechEngine(path, EngineConfig(max_num_seqs=max_seqs, max_model_len=max_len, dtype=dtype,
                                              load_format=load_format, **overrides))
     prompts = engine.prompt_builder()
     tags = []
 
-    def submit(count: int, frames: int = 400) -> None:
-        for i in range(count):
+    def submit(count: int, frames: int = 400, prompt_tokens: int = 0) -> None:
+        for _ in range(count):
+            i = len(tags)
             tags.append(i)
-            engine.submit(prompts.tts(f"Sentence {i}.", audio_sampling=AUDIO_SAMPLING, seed=i,
+            engine.submit(prompts.tts(text_of(prompts, i, prompt_tokens), audio_sampling=AUDIO_SAMPLING, seed=i,
                                       max_frames=frames, min_frames=frames, tag=i))
 
     def drain() -> None:
@@ -116,6 +124,16 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, real_hig
         return steps
 
     return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
+
+
+def text_of(prompts, i: int, prompt_tokens: int) -> str:
+    """Request ``i``'s text: a short sentence, or words added until its prompt holds at least
+    ``prompt_tokens`` tokens (the family's own tokenizer and prompt format)."""
+    text = f"Sentence {i}."
+    words = "the quick brown fox jumps over a lazy dog while seven clocks strike noon".split()
+    while prompt_tokens and len(prompts.tts(text).prompt_ids) < prompt_tokens:
+        text += " " + " ".join(words[(i + j) % len(words)] for j in range(5))
+    return text
 
 
 def run_steps(step, busy, host_profile=None) -> list[tuple[float, int]]:
@@ -193,6 +211,47 @@ def measure(step, submit, drain, count: int, host_profile=None, kernels: int = 0
     return row
 
 
+def admit(step, submit, drain, count: int, prompt_tokens: int, kernels: int = 0, admissions: int = ADMISSIONS) -> dict:
+    """Steps that admit one prompt of ``prompt_tokens`` beside ``count`` decoding requests, and
+    the decode steps between them, each timed with the GPU synced before and after (so both
+    include the host's whole step: a fair pair, not the pipelined rate of ``measure``); the
+    last ``PROFILED`` admissions' kernels."""
+    submit(count)
+    for _ in range(WARM):
+        step()
+    admitting, decoding = [], []
+
+    def timed(into: list) -> None:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        into.append((time.perf_counter() - start) * 1e3)
+
+    for _ in range(admissions):  # untimed: the first admissions' shapes, caches
+        submit(1, ADMITTED_FRAMES, prompt_tokens)
+        step()
+        step()
+    for _ in range(admissions):
+        timed(decoding)
+        submit(1, ADMITTED_FRAMES, prompt_tokens)
+        timed(admitting)
+    row = {"concurrency": count, "prompt_tokens": prompt_tokens, "admissions": admissions,
+           "admit_ms_p50": round(statistics.median(admitting), 3), "admit_ms_max": round(max(admitting), 3),
+           "decode_ms_p50": round(statistics.median(decoding), 3)}
+    if kernels:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(PROFILED):
+                submit(1, ADMITTED_FRAMES, prompt_tokens)
+                step()
+                sync()
+        gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+        row["admit_gpu_ms"] = round(gpu_us / PROFILED / 1e3, 3)
+        row["kernels"] = top_kernels(prof, PROFILED, kernels)
+    drain()
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--system", choices=["plain", "speechctl", "higgs"], required=True,
@@ -205,8 +264,11 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="vLLM's token budget per step (default: the offline LLM class's, 16,384 on an H200)")
     ap.add_argument("--phases", default="measure,timeline",
-                    help="in this order: 'measure' (steady steps of every concurrency), 'timeline' (whole runs); "
+                    help="in this order: 'measure' (steady steps of every concurrency), 'timeline' (whole runs), "
+                         "'admit' (steps that admit a prompt, --admit-tokens); "
                          "e.g. timeline,measure,timeline to see whether a process's steps change with its history")
+    ap.add_argument("--admit-tokens", type=int, default=300, metavar="N",
+                    help="admit: the admitted prompt's tokens (at least; speechctl builds a text that long)")
     ap.add_argument("--host-profile", action="store_true",
                     help="cProfile steady steps of each phase (after its clock) and write the top functions by own and by cumulative time")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
@@ -218,12 +280,15 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     make = {"plain": plain_engine, "speechctl": speechctl_engine,
             "higgs": partial(speechctl_engine, real_higgs=True)}[args.system]
-    rows, timelines, host_profiles = [], [], {}
+    rows, timelines, admits, host_profiles = [], [], [], {}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     with tempfile.TemporaryDirectory() as tmp:
-        system = make(SHAPES[args.shape], Path(tmp), max(levels), overrides)
+        admitting = "admit" in args.phases.split(",")
+        # the admit phase's requests beside the decoding ones: room for them in the batch and context
+        system = make(SHAPES[args.shape], Path(tmp), max(levels) + (2 * ADMISSIONS + PROFILED if admitting else 0), overrides,
+                      max_len=512 + (args.admit_tokens if admitting else 0))
         for index, phase in enumerate(args.phases.split(",")):
             for count in levels:
                 prof = host_profiles.setdefault(f"{index}-{phase}-c{count}", cProfile.Profile()) if args.host_profile else None
@@ -231,6 +296,11 @@ def main() -> None:
                     rows.append({"phase": index, **measure(system.step, system.submit, system.drain, count, prof, args.kernels)})
                     print(args.system, {k: v for k, v in rows[-1].items() if k != "kernels"}, flush=True)
                     for k in rows[-1].get("kernels", [])[:15]:
+                        print(f"  {k['us_per_step']:8.1f} us {k['launches_per_step']:6.2f}x  {k['kernel'][:110]}", flush=True)
+                elif phase == "admit":
+                    admits.append({"phase": index, **admit(system.step, system.submit, system.drain, count, args.admit_tokens, args.kernels)})
+                    print("admit", {k: v for k, v in admits[-1].items() if k != "kernels"}, flush=True)
+                    for k in admits[-1].get("kernels", [])[:15]:
                         print(f"  {k['us_per_step']:8.1f} us {k['launches_per_step']:6.2f}x  {k['kernel'][:110]}", flush=True)
                 elif args.timeline and system.run_all is not None:
                     timelines.append({"phase": index, **timeline(system.submit, system.run_all, count, args.timeline, prof)})
@@ -244,7 +314,7 @@ def main() -> None:
         (out / f"host-{args.system}-{key}.txt").write_text(text.getvalue())
     name = f"step-{args.system}-{args.shape}" + (f"-tokens{args.max_num_batched_tokens}" if overrides else "")
     (out / f"{name}.json").write_text(json.dumps({"system": args.system, "shape": args.shape, "engine_overrides": overrides,
-                                                 "environment": environment(speechctl=args.system != "plain"), "rows": rows, "timelines": timelines}, indent=1))
+                                                 "environment": environment(speechctl=args.system != "plain"), "rows": rows, "timelines": timelines, "admits": admits}, indent=1))
 
 
 if __name__ == "__main__":
