@@ -199,7 +199,7 @@ def run_family_bench(
             if codec:
                 parts = []
                 row = timed_row("speechctl+codec", lambda: end_to_end(count, parts), count, frames, repeats, frame_rate)
-                timed = parts[1:]  # (the first is timed_row's warm-up)
+                timed = parts[-repeats:]  # (before them, timed_row's warm-up)
                 row["parts_s"] = {k: round(statistics.median(p[k] for p in timed), 4) for k in timed[0]}
                 add(row)
         fps = {(r["system"], r["concurrency"]): r["frames_per_s"] for r in rows}
