@@ -109,6 +109,10 @@ def test_on_a_gpu_a_step_that_admits_a_prompt_stays_in_vllms_graphs(monkeypatch)
     assert CompilationConfig(**wanted).max_cudagraph_capture_size == 512
     assert "min(max_num_tokens, max_cudagraph_capture_size)" in inspect.getsource(VllmConfig._set_cudagraph_sizes)
     assert "compilation_config" not in EngineConfig(max_graph_tokens=None).engine_args("m")  # vLLM's default
+    # the graph mode (an A/B's setting): a name vLLM's CompilationConfig takes
+    full = EngineConfig(graph_mode="full").engine_args("m")["compilation_config"]
+    assert full == {"max_cudagraph_capture_size": 512, "cudagraph_mode": "full"}
+    assert CompilationConfig(**full).cudagraph_mode.name == "FULL"
     monkeypatch.setattr(engine_config, "has_cuda", lambda: False)
     assert "compilation_config" not in EngineConfig().engine_args("m")  # the CPU runs eagerly
 

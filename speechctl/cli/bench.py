@@ -43,12 +43,13 @@ _SMALL_DAC = dict(encoder_hidden_size=8, downsampling_ratios=[2, 4, 5, 8], upsam
 @click.option("--no-eager", is_flag=True, help="Throughput: skip the run with the per-step CUDA graphs off.")
 @click.option("--codec-requests", type=click.IntRange(0), default=64, show_default=True, help="Throughput: requests in the batched-vs-one-by-one codec decode (0: skip).")
 @click.option("--max-graph-tokens", type=click.IntRange(0), default=None, help="The most tokens a step may hold and still replay vLLM's CUDA graphs (a step that admits a prompt holds its tokens; default: speechctl's 512; 0: vLLM's default, twice the most requests up to 512).")
+@click.option("--graph-mode", type=click.Choice(["full_and_piecewise", "full", "piecewise"]), default=None, help="vLLM's CUDA graph mode (default: vLLM's, full_and_piecewise; full: whole-forward graphs for steps that prefill too).")
 @click.option("--tensor-parallel-size", "-tp", type=click.IntRange(1), default=1, show_default=True, help="Shard the model over this many GPUs (vLLM's tensor parallelism). Data parallelism: benchmarks/multi_gpu.py.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), help="Write the result as JSON here.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here (needs matplotlib).")
 @click.option("--verbose", "-v", is_flag=True)
 @user_errors
-def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahead_rates, first_lookahead, requests, model, random_weights, max_chunks, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, max_graph_tokens, tensor_parallel_size, out, plot, verbose):
+def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahead_rates, first_lookahead, requests, model, random_weights, max_chunks, no_turn, asr_model, lm_model, shape, concurrency, frames, repeats, scale, no_plain, plain_runs, speechctl_runs, no_eager, codec_requests, max_graph_tokens, graph_mode, tensor_parallel_size, out, plot, verbose):
     """Measure side by side in one run and print the ratios: throughput (default: speechctl vs
     plain vLLM, per-step graphs on vs off, batched codec), --cfg, --stream, --workload or --arnar."""
     from speechctl.audio import write_json_atomic
@@ -67,6 +68,8 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
     overrides = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
     if max_graph_tokens is not None:
         overrides["max_graph_tokens"] = max_graph_tokens or None
+    if graph_mode is not None:
+        overrides["graph_mode"] = graph_mode
     overrides = overrides or None
     if cfg + stream + workload + arnar > 1:
         raise InputError("choose one benchmark: --cfg, --stream, --workload or --arnar")
@@ -76,7 +79,7 @@ def command(cfg, stream, arnar, nar, workload, rates, eager_codec_rates, lookahe
         raise InputError("--max-chunks goes with --stream or --workload (the other benches stream nothing)")
     if arnar:
         if overrides:
-            raise InputError("--arnar: one device per model (no --tensor-parallel-size or --max-graph-tokens)")
+            raise InputError("--arnar: one device per model (no --tensor-parallel-size, --max-graph-tokens or --graph-mode)")
         from speechctl.bench.arnar import plot_arnar, run_arnar_bench
         from speechctl.errors import EngineError
 

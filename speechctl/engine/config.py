@@ -38,6 +38,12 @@ class EngineConfig:
     # running request; past the largest graph it runs eagerly, launching the whole forward op by
     # op from the host.
     max_graph_tokens: int | None = DEFAULT_GRAPH_TOKENS
+    # vLLM's ``cudagraph_mode`` on a GPU (None: its default, "full_and_piecewise": whole-forward
+    # graphs for decode-only steps, piecewise ones, attention eager between the pieces, for steps
+    # that prefill). "full" records whole-forward graphs for those too, where the attention
+    # backend allows it (FlashAttention 3 on Hopper): a step that admits a prompt then replays
+    # one graph. Under measurement (issue 21 item 6), not a default.
+    graph_mode: str | None = None
     dtype: str = "auto"
     seed: int = 0
     tensor_parallel_size: int = 1
@@ -100,8 +106,11 @@ class EngineConfig:
             args["num_gpu_blocks_override"] = self.num_kv_blocks
         if self.block_size is not None:
             args["block_size"] = self.block_size
-        if self.max_graph_tokens is not None and on_gpu:
-            args["compilation_config"] = {"max_cudagraph_capture_size": self.max_graph_tokens}
+        if on_gpu:
+            graphs = {"max_cudagraph_capture_size": self.max_graph_tokens, "cudagraph_mode": self.graph_mode}
+            graphs = {k: v for k, v in graphs.items() if v is not None}
+            if graphs:
+                args["compilation_config"] = graphs
         return args
 
     def _memory_fraction(self, on_gpu: bool) -> float:
