@@ -117,6 +117,41 @@ def test_on_a_gpu_a_step_that_admits_a_prompt_stays_in_vllms_graphs(monkeypatch)
     assert "compilation_config" not in EngineConfig().engine_args("m")  # the CPU runs eagerly
 
 
+def test_the_engine_can_run_on_a_high_priority_stream_that_vllm_adopts(monkeypatch):
+    """SPEECHCTL_PRIORITY_STREAM=1 (an A/B's setting, off by default): the engine's thread gets a
+    high-priority CUDA stream before vLLM builds its engine, and vLLM must run its work on it: it
+    tracks a stream set through torch.cuda.set_stream (its patched setter, 0.26 and 0.32) and
+    makes its own only where none was set."""
+    import inspect
+
+    import torch
+    from vllm.utils import torch_utils
+
+    from speechctl.engine import vllm_compat
+    from speechctl.engine.engine import priority_stream_enabled
+    from speechctl.errors import EngineError
+
+    assert torch.cuda.set_stream is torch_utils._patched_set_stream
+    assert "_current_stream_tls.value" in inspect.getsource(torch_utils.current_stream)
+    monkeypatch.delenv("SPEECHCTL_PRIORITY_STREAM", raising=False)
+    assert not priority_stream_enabled()
+    monkeypatch.setenv("SPEECHCTL_PRIORITY_STREAM", "yes")
+    with pytest.raises(EngineError, match="SPEECHCTL_PRIORITY_STREAM='yes'"):
+        priority_stream_enabled()
+    monkeypatch.setenv("SPEECHCTL_PRIORITY_STREAM", "1")
+    if not torch.cuda.is_available():  # nothing to prioritize
+        assert not priority_stream_enabled() and not vllm_compat.run_on_priority_stream()
+        return
+    before = torch_utils.current_stream()
+    try:
+        assert priority_stream_enabled() and vllm_compat.run_on_priority_stream()
+        stream = torch_utils.current_stream()
+        assert stream.priority < 0 and torch.cuda.current_stream() == stream and stream != before
+        assert vllm_compat.run_on_priority_stream() and torch_utils.current_stream() == stream  # once a thread
+    finally:
+        torch.cuda.set_stream(before)  # the next tests' engines as before
+
+
 def test_a_kv_budget_in_bytes_asks_vllm_for_that_share_of_the_gpu(monkeypatch):
     """vLLM 0.26 refuses to start unless gpu_memory_utilization x device memory is free, also when
     kv_cache_memory_bytes sizes the cache: an engine with a byte budget asks for the budget's

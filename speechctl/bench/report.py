@@ -66,9 +66,11 @@ def environment(speechctl: bool = True) -> dict:
     env["host"] = host_probe()
     env["commit"] = source_commit()
     if speechctl:
+        from speechctl.engine.engine import priority_stream_enabled
         from speechctl.engine.runtime import compile_per_step_work
 
         env["per_step_work_compiled"] = compile_per_step_work()
+        env["engine_on_priority_stream"] = priority_stream_enabled()
     return env
 
 

@@ -194,6 +194,36 @@ def offline_engine(engine_args):
     return engine
 
 
+_PRIORITY_STREAMS: set[int] = set()  # handles of the streams ``run_on_priority_stream`` made
+
+
+def run_on_priority_stream() -> bool:
+    """Make this thread's current CUDA stream a high-priority one, for vLLM's engine work to run
+    on (its forward, its graph replays, speechctl's per-step graphs), before the engine is built.
+    The codec decodes on a stream of its own at the default (lowest) priority: where both have
+    work, the GPU schedules the step's blocks first, and the codec's fill the gaps between steps.
+    Returns whether the engine's work now runs at high priority (False without CUDA).
+
+    vLLM runs its work on ``vllm.utils.torch_utils.current_stream()``, a per-thread stream it
+    makes on first use (0.26 and 0.32) unless one was set through ``torch.cuda.set_stream``,
+    which vLLM patches to track it: that module is imported first, so the stream set here is the
+    one vLLM finds. A thread that already ran an engine (its stream vLLM's own) is synced first:
+    its buffers' last writes are done before the new stream reads them."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    from vllm.utils import torch_utils
+
+    if torch_utils.current_stream().cuda_stream in _PRIORITY_STREAMS:
+        return True
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream(priority=-1)  # (torch maps any negative priority to its high-priority streams)
+    _PRIORITY_STREAMS.add(stream.cuda_stream)
+    torch.cuda.set_stream(stream)
+    return True
+
+
 _LIVE_ENGINES: "weakref.WeakSet" = weakref.WeakSet()  # vLLM engines this process built
 
 
