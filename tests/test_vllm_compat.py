@@ -102,6 +102,7 @@ def test_on_a_gpu_a_step_that_admits_a_prompt_stays_in_vllms_graphs(monkeypatch)
 
     from speechctl.engine import config as engine_config
     from speechctl.engine.config import DEFAULT_GRAPH_TOKENS, EngineConfig
+    from speechctl.errors import EngineError
 
     monkeypatch.setattr(engine_config, "has_cuda", lambda: True)
     wanted = EngineConfig().engine_args("m")["compilation_config"]
@@ -113,6 +114,9 @@ def test_on_a_gpu_a_step_that_admits_a_prompt_stays_in_vllms_graphs(monkeypatch)
     full = EngineConfig(graph_mode="full").engine_args("m")["compilation_config"]
     assert full == {"max_cudagraph_capture_size": 512, "cudagraph_mode": "full"}
     assert CompilationConfig(**full).cudagraph_mode.name == "FULL"
+    with pytest.raises(EngineError, match="graph_mode 'full' needs a decoder-only family"):
+        EngineConfig(graph_mode="full").for_checkpoint(448, encoder_decoder=True)
+    assert EngineConfig(graph_mode="full").for_checkpoint(448).graph_mode == "full"
     monkeypatch.setattr(engine_config, "has_cuda", lambda: False)
     assert "compilation_config" not in EngineConfig().engine_args("m")  # the CPU runs eagerly
 

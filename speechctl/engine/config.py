@@ -42,7 +42,9 @@ class EngineConfig:
     # graphs for decode-only steps, piecewise ones, attention eager between the pieces, for steps
     # that prefill). "full" records whole-forward graphs for those too, where the attention
     # backend allows it (FlashAttention 3 on Hopper): a step that admits a prompt then replays
-    # one graph. Under measurement (issue 21 item 6), not a default.
+    # one graph. Under measurement (issue 21 item 6), not a default: such graphs serve decode-only
+    # steps too, so Higgs' DualFFN takes its fused MoE there as well (its audio MLP alone needs
+    # vLLM's separate decode graphs), and an encoder-decoder family cannot use them (below).
     graph_mode: str | None = None
     dtype: str = "auto"
     seed: int = 0
@@ -62,6 +64,10 @@ class EngineConfig:
         checkpoint in bfloat16, and its tokens would no longer be the reference's). vLLM's
         encoder-decoder path has no prefix cache (its cross-attention blocks cannot be shared)."""
         config = replace(self, enable_prefix_caching=False) if encoder_decoder else self
+        if encoder_decoder and config.graph_mode == "full":
+            # its forward gathers the step's auxiliary inputs from Python, which a whole-forward
+            # graph of a mixed batch would run once, at capture (vllm_compat.forward_is_one_token_per_row)
+            raise EngineError("graph_mode 'full' needs a decoder-only family: an encoder-decoder forward reads the step's batch from Python")
         if config.max_model_len is None:
             config = replace(config, max_model_len=min(context_limit, DEFAULT_CONTEXT))
         elif config.max_model_len > context_limit:
