@@ -23,6 +23,8 @@ against the vLLM series we test (0.26 on CUDA, 0.32 on the CPU):
   per-request ``stream_interval``).
 * ``forward_is_one_token_per_row``: whether an encoder-decoder model's forward is being
   captured as a full CUDA graph of a uniform decode batch.
+* ``run_on_priority_stream``: the engine's work on a high-priority CUDA stream that vLLM adopts
+  (its per-thread stream, tracked through its patched ``torch.cuda.set_stream``).
 * engine lifecycle: ``offline_engine`` (the offline ``LLM`` class's defaults),
   ``other_engines_keep_their_graphs`` (a new engine clears every engine's CUDA graphs),
   ``check_independent_replica`` (never in a vLLM DP group), ``release_engine`` (the executor's
