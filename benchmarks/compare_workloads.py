@@ -32,10 +32,10 @@ def main() -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.8 / len(runs)
     for i, (label, row, _) in enumerate(runs):
-        x = [j + (i - (len(runs) - 1) / 2) * width for j in range(2)]
-        left.bar(x, [row["streamed_ttfa_p50_ms"], row["streamed_ttfa_p95_ms"]], width, label=label)
+        shift = (i - (len(runs) - 1) / 2) * width  # this run's bar beside the others in each group
+        left.bar([j + shift for j in range(2)], [row["streamed_ttfa_p50_ms"], row["streamed_ttfa_p95_ms"]], width, label=label)
         steps = row["step_ms"]
-        right.bar([j + (i - (len(runs) - 1) / 2) * width for j in range(4)],
+        right.bar([j + shift for j in range(4)],
                   [steps["after_submit"]["p50"], steps["after_submit"]["p95"], steps["no_submit"]["p50"], steps["no_submit"]["p95"]],
                   width, label=label)
     left.axhline(250, ls=":", c="r", label="goal: p95 250 ms (H200)")

@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import torch
 
 from speechctl.bench.cfg import AUDIO_SAMPLING
+from speechctl.bench.families import lengthened
 from speechctl.bench.report import environment
 from speechctl.bench.shapes import SHAPES
 from speechctl.engine.engine import EngineConfig
@@ -109,7 +110,8 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, max_len:
         for _ in range(count):
             i = len(tags)
             tags.append(i)
-            engine.submit(prompts.tts(text_of(prompts, i, prompt_tokens), audio_sampling=AUDIO_SAMPLING, seed=i,
+            # (each text its own from the start: no prefix-cache hit shortens an admitted prompt)
+            engine.submit(prompts.tts(lengthened(prompts, f"Sentence {i}.", prompt_tokens, at_end=True), audio_sampling=AUDIO_SAMPLING, seed=i,
                                       max_frames=frames, min_frames=frames, tag=i))
 
     def drain() -> None:
@@ -124,16 +126,6 @@ def speechctl_engine(recipe, tmp: Path, max_seqs: int, overrides: dict, max_len:
         return steps
 
     return SimpleNamespace(step=engine.step, submit=submit, drain=drain, run_all=run_all)
-
-
-def text_of(prompts, i: int, prompt_tokens: int) -> str:
-    """Request ``i``'s text: a short sentence, or words added until its prompt holds at least
-    ``prompt_tokens`` tokens (the family's own tokenizer and prompt format)."""
-    text = f"Sentence {i}."
-    words = "the quick brown fox jumps over a lazy dog while seven clocks strike noon".split()
-    while prompt_tokens and len(prompts.tts(text).prompt_ids) < prompt_tokens:
-        text += " " + " ".join(words[(i + j) % len(words)] for j in range(5))
-    return text
 
 
 def run_steps(step, busy, host_profile=None) -> list[tuple[float, int]]:
@@ -173,6 +165,17 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def gpu_ms_per_step(prof, steps: int) -> float:
+    """The GPU's kernel time a step under ``prof`` (summed over every kernel)."""
+    return sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA) / steps / 1e3
+
+
+def print_row(name: str, row: dict) -> None:
+    print(name, {k: v for k, v in row.items() if k != "kernels"}, flush=True)
+    for k in row.get("kernels", [])[:15]:
+        print(f"  {k['us_per_step']:8.1f} us {k['launches_per_step']:6.2f}x  {k['kernel'][:110]}", flush=True)
+
+
 def top_kernels(prof, steps: int, n: int) -> list[dict]:
     """The ``n`` GPU kernels with the most summed time: µs and launches per step."""
     kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -201,9 +204,8 @@ def measure(step, submit, drain, count: int, host_profile=None, kernels: int = 0
         for _ in range(PROFILED):
             step()
         sync()
-    gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    gpu_ms = gpu_ms_per_step(prof, PROFILED)
     drain()
-    gpu_ms = gpu_us / PROFILED / 1e3
     row = {"concurrency": count, "wall_ms_per_step": round(wall_ms, 3), "gpu_ms_per_step": round(gpu_ms, 3),
            "gpu_busy": round(gpu_ms / wall_ms, 3), "rows_per_s": round(count / wall_ms * 1e3, 1)}
     if kernels:
@@ -245,8 +247,7 @@ def admit(step, submit, drain, count: int, prompt_tokens: int, kernels: int = 0,
                 submit(1, ADMITTED_FRAMES, prompt_tokens)
                 step()
                 sync()
-        gpu_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
-        row["admit_gpu_ms"] = round(gpu_us / PROFILED / 1e3, 3)
+        row["admit_gpu_ms"] = round(gpu_ms_per_step(prof, PROFILED), 3)
         row["kernels"] = top_kernels(prof, PROFILED, kernels)
     drain()
     return row
@@ -294,14 +295,10 @@ def main() -> None:
                 prof = host_profiles.setdefault(f"{index}-{phase}-c{count}", cProfile.Profile()) if args.host_profile else None
                 if phase == "measure":
                     rows.append({"phase": index, **measure(system.step, system.submit, system.drain, count, prof, args.kernels)})
-                    print(args.system, {k: v for k, v in rows[-1].items() if k != "kernels"}, flush=True)
-                    for k in rows[-1].get("kernels", [])[:15]:
-                        print(f"  {k['us_per_step']:8.1f} us {k['launches_per_step']:6.2f}x  {k['kernel'][:110]}", flush=True)
+                    print_row(args.system, rows[-1])
                 elif phase == "admit":
                     admits.append({"phase": index, **admit(system.step, system.submit, system.drain, count, args.admit_tokens, args.kernels)})
-                    print("admit", {k: v for k, v in admits[-1].items() if k != "kernels"}, flush=True)
-                    for k in admits[-1].get("kernels", [])[:15]:
-                        print(f"  {k['us_per_step']:8.1f} us {k['launches_per_step']:6.2f}x  {k['kernel'][:110]}", flush=True)
+                    print_row("admit", admits[-1])
                 elif args.timeline and system.run_all is not None:
                     timelines.append({"phase": index, **timeline(system.submit, system.run_all, count, args.timeline, prof)})
                     print("timeline", {k: v for k, v in timelines[-1].items() if not k.endswith("per_step") and k != "step_ms"}, flush=True)

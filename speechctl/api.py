@@ -109,11 +109,12 @@ class Speech:
 
         failed = failed if failed is not None else deque()
         decodes = DecodeQueue(self.codec)
-        steps = 0
+        if timings is not None:
+            timings["steps"] = 0
         try:
             for outputs in self.engine.generate_steps(requests, every_step=True):
-                steps += 1
                 if timings is not None:
+                    timings["steps"] += 1
                     timings["last_step_at"] = time.perf_counter()
                 while failed:
                     yield failed.popleft()
@@ -122,7 +123,7 @@ class Speech:
             yield from self._decoded(decodes, wait=True)
         finally:
             if timings is not None:
-                timings.update(steps=steps, codec_busy_s=decodes.busy_s)
+                timings["codec_busy_s"] = decodes.busy_s
             decodes.close()
         while failed:
             yield failed.popleft()

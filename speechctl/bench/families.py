@@ -42,7 +42,7 @@ from speechctl.errors import EngineError
 
 AUDIO_SAMPLING = Sampling(temperature=0.9, top_k=50)
 TEXT = "The quick brown fox jumps over the lazy dog, number {i}."
-FILLER = "Then it naps. "  # lengthens the generic shape's prompts to the family's (_generic_rows)
+FILLER = "Then it naps. "  # lengthens a prompt to a token count (lengthened)
 
 
 def _higgs(tmp: Path, size: str, codec: bool = False):
@@ -248,9 +248,7 @@ def _generic_rows(shape: str, config, concurrencies, frames: int, repeats: int, 
     engine = SpeechEngine(path, replace(config, dtype=recipe.dtype, load_format="auto" if recipe.weights else "dummy"))
     startup = time.perf_counter() - started
     prompts = engine.prompt_builder()
-    text = TEXT
-    while len(tts_requests(prompts, 1, 1, text)[0].prompt_ids) < prompt_tokens:
-        text = FILLER + text
+    text = lengthened(prompts, TEXT, prompt_tokens)
     rows = []
     try:
         for count in concurrencies:
@@ -280,6 +278,16 @@ def _plain_rows(shape: str, concurrencies, frames: int, repeats: int, prompt_tok
     for row in rows:
         log(row)
     return {"shape": shape, "prompt_tokens": prompt_tokens, "rows": rows, "environment": plain["environment"]}
+
+
+def lengthened(prompts, text: str, tokens: int, at_end: bool = False) -> str:
+    """``text`` with ``FILLER`` added before it (``at_end``: after it) until its TTS prompt holds
+    at least ``tokens`` tokens (the family's own tokenizer and prompt format). Before, a run's
+    requests share the filler's prefix-cache blocks, as the family's own prompts share their
+    template's; after, texts that differ at their start keep prompts that share no block."""
+    while len(tts_requests(prompts, 1, 1, text)[0].prompt_ids) < tokens:
+        text = text + " " + FILLER.strip() if at_end else FILLER + text
+    return text
 
 
 def tts_requests(prompts, count: int, frames: int, text: str = TEXT) -> list:

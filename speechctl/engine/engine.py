@@ -75,7 +75,8 @@ class SpeechEngine:
         )
         compiled = compile_per_step_work()  # checks SPEECHCTL_COMPILE before vLLM starts
         used_before = device_bytes_in_use() if has_cuda() else None
-        self.priority_stream = priority_stream_enabled() and vllm_compat.run_on_priority_stream()
+        if priority_stream_enabled():
+            vllm_compat.run_on_priority_stream()
         self._vllm = vllm_compat.offline_engine(args)
         vllm_compat.check_independent_replica(self._vllm)  # no DP lock-step: step only with work
         capacities = self._vllm.collective_rpc(vllm_compat.attach_runtime)
