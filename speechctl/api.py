@@ -103,8 +103,10 @@ class Speech:
         tagged with their ``TtsJob``) through the engine, their audio decoded off the step loop
         (``codecs/worker.py``); results as they land. ``failed``: results to hand out between
         steps (jobs refused before they reached the engine). ``timings`` (benchmarks): filled
-        with the engine's steps, the ``perf_counter`` time its last step's outputs came back
-        (``last_step_at``) and the seconds the codec spent decoding (``codec_busy_s``)."""
+        with the engine's steps, the ``perf_counter`` times its last step's outputs came back
+        (``last_step_at``) and their audio went to the codec (``last_submitted_at``), the
+        seconds the codec spent decoding (``codec_busy_s``) and each decode's (start, end)
+        (``decode_spans``)."""
         from speechctl.codecs.worker import DecodeQueue
 
         failed = failed if failed is not None else deque()
@@ -119,11 +121,13 @@ class Speech:
                 while failed:
                     yield failed.popleft()
                 yield from self._finish(outputs, decodes)
+                if timings is not None:
+                    timings["last_submitted_at"] = time.perf_counter()
                 yield from self._decoded(decodes)
             yield from self._decoded(decodes, wait=True)
         finally:
             if timings is not None:
-                timings["codec_busy_s"] = decodes.busy_s
+                timings["codec_busy_s"], timings["decode_spans"] = decodes.busy_s, list(decodes.spans)
             decodes.close()
         while failed:
             yield failed.popleft()

@@ -117,6 +117,10 @@ def test_family_bench_times_plain_vllm_and_the_generic_shape_first_on_the_same_s
     parts = e2e["parts_s"]
     assert parts["steps"] >= 6 and parts["codec_busy_s"] > 0 and parts["after_last_step_s"] >= 0
     assert parts["steps_s"] + parts["after_last_step_s"] == pytest.approx(e2e["seconds"][0], abs=2e-3)
+    # the tail's split: on the CPU the last decode runs in the step loop, inside the finish (it
+    # started and ended before the submission's time: no wait, a negative one)
+    assert 0 < parts["last_decode_s"] <= min(parts["codec_busy_s"], parts["finish_s"])
+    assert parts["last_decode_waited_s"] + parts["last_decode_s"] <= 0 <= parts["after_last_decode_s"]
 
 
 @pytest.mark.parametrize("family", ["dia", "musicgen"])

@@ -187,10 +187,7 @@ def run_family_bench(
             for r in results:
                 if r.error or r.codes.shape[1] < frames:
                     raise EngineError(f"benchmark request failed: {r.error or r.codes.shape}")
-            # where the time went beside the LM alone's: the steps (slower beside the codec?),
-            # and the tail after the last step (the last requests' decode, their results)
-            parts.append({"steps": timings["steps"], "steps_s": timings["last_step_at"] - start,
-                          "after_last_step_s": end - timings["last_step_at"], "codec_busy_s": timings["codec_busy_s"]})
+            parts.append(end_to_end_parts(timings, start, end))
             return end - start
 
         frame_rate = result["codec_frame_rate"]
@@ -220,6 +217,20 @@ def run_family_bench(
                 times = _transformers_times(family, path, dtype, prompt_ids, count, frames, engine.spec, repeats)
                 add(rate_row("transformers", count, frames, times))
         return result
+
+
+def end_to_end_parts(timings: dict, start: float, end: float) -> dict:
+    """Where an end-to-end run's time went beside the LM alone's (``Speech.run_requests``'
+    ``timings``; ``start``, ``end``: the run's ``perf_counter`` times): the steps until the
+    last one's outputs (slower beside the codec?), and the tail after them, split into the host
+    turning those outputs into codes (``finish_s``), the wait until the last decode started
+    (``last_decode_waited_s``: a decode still running, the worker's turn for Python's lock), that
+    decode (``last_decode_s``) and the handing out after it (``after_last_decode_s``)."""
+    last_step, (first, last) = timings["last_step_at"], timings["decode_spans"][-1]
+    return {"steps": timings["steps"], "steps_s": last_step - start, "after_last_step_s": end - last_step,
+            "finish_s": timings["last_submitted_at"] - last_step,
+            "last_decode_waited_s": first - timings["last_submitted_at"], "last_decode_s": last - first,
+            "after_last_decode_s": end - last, "codec_busy_s": timings["codec_busy_s"]}
 
 
 def family_prompt_tokens(path: Path) -> int:

@@ -46,6 +46,9 @@ class DecodeQueue:
         # seconds the codec spent decoding (on the worker thread, or in the caller's on the CPU):
         # a worker that runs behind shows here, not in the caller's step time
         self.busy_s = 0.0
+        # (start, end) perf_counter times of each decode (benchmarks: what of a run's tail after
+        # its last step was decoding, and what was waiting for a decode to start)
+        self.spans: list[tuple[float, float]] = []
         # a decode runs now, and how many have started (benchmarks: do the caller's steps slow
         # down beside one? read without the lock: hints)
         self.decoding, self.decodes_started = False, 0
@@ -101,8 +104,9 @@ class DecodeQueue:
         try:
             return self.codec.decode(codes)
         finally:
-            self.decoding = False
-            self.busy_s += time.perf_counter() - started
+            self.decoding, ended = False, time.perf_counter()
+            self.busy_s += ended - started
+            self.spans.append((started, ended))
 
     def ready(self, wait: bool = False) -> Iterator[tuple[object, np.ndarray]]:
         """(tag, waveform) of the batches decoded so far, in submission order (all of them,
