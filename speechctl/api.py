@@ -25,6 +25,7 @@ from speechctl.engine.params import DEFAULT_AUDIO, DEFAULT_TEXT, GREEDY, NO_GUID
 from speechctl.errors import EngineError, InputError, SpeechctlError
 from speechctl.jobs import AsrJob, AsrResult, FailedJob, Job, Result, TtsChunk, TtsJob, TtsResult, failure, validate
 from speechctl.models.family import DEFAULT_MAX_SECONDS
+from speechctl.models.prompting import VoicePrompt
 from speechctl.pieces import PartOf, Whole, cap_warning
 from speechctl.text import MAX_PIECE_CHARS, split_for_speech
 
@@ -204,6 +205,7 @@ class Speech:
                 seed=job.seed,
                 max_frames=self.max_frames(job.max_seconds),
                 guidance=self.checkpoint.guidance(job.guidance, job.audio_sampling),
+                continues=self.continuation(job),
                 tag=tag,
                 **({"repetition": repetition} if repetition else {}),
                 **({"voice_text": job.voice_text} if job.voice_text is not None else {}),
@@ -212,6 +214,16 @@ class Speech:
         return self.prompts.asr(
             codes, text_sampling=job.text_sampling, seed=job.seed, max_tokens=job.max_tokens, tag=tag
         )
+
+    def continuation(self, job: Job) -> VoicePrompt | None:
+        """The voice prompt a job's speech follows on from: the checkpoint's own
+        (``speechctl.voice_prompt``: the default voice reads short texts far more surely so,
+        docs/voice/lm-progress.md) for a TTS job with no voice of its own and no guidance (its
+        unconditional partner would need the prompt's audio too); else None."""
+        prompt = self.prompts.voice_prompt
+        if prompt is None or not isinstance(job, TtsJob) or job.voice is not None or job.voice_text is not None:
+            return None
+        return None if self.checkpoint.guidance(job.guidance, job.audio_sampling).enabled else prompt
 
     def max_frames(self, seconds: float | None) -> int:
         """Frames of audio for ``seconds`` (None: the checkpoint's default length)."""
@@ -248,15 +260,17 @@ class Speech:
                     error = f"piece {tag.index + 1} of {len(tag.whole.pieces)}: {error}"
                 yield failure(job, f"{job.id}: {error}", self.sample_rate)
             elif isinstance(job, TtsJob):
-                speech_out.append(tag)
-                codes.append(segment)
+                prompt = self.continuation(job)
+                decodable, cut = prompt.decodable(segment, self.codec.hop_length) if prompt else (segment, 0)
+                speech_out.append((tag, segment, cut))
+                codes.append(decodable)
             else:
                 yield AsrResult(job.id, self.prompts.text(out), duration=len(job.audio) / self.sample_rate)
-        decodes.submit(list(zip(speech_out, codes)), codes)
+        decodes.submit(speech_out, codes)
 
     def _decoded(self, decodes, wait: bool = False) -> Iterator[Result]:
-        for (tag, segment), wave in decodes.ready(wait):
-            yield from self._tts_result(tag, segment, wave)
+        for (tag, segment, cut), wave in decodes.ready(wait):
+            yield from self._tts_result(tag, segment, wave[cut:])
 
     def _tts_result(self, tag, segment: np.ndarray, wave: np.ndarray) -> Iterator[TtsResult]:
         if not isinstance(tag, PartOf):

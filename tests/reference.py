@@ -33,6 +33,10 @@ class RefRequest:
     cfg_scale: float = 1.0
     cfg_streams: str = "both"  # text | audio | both
     cfg_top_k: int = 0
+    # The last audio item is speech the model continues: its steps end where its lead stream's
+    # last frame is (each delayed stream's last frames still to come), and the first generated
+    # steps carry those frames where a fresh audio would hold BOS.
+    continues: bool = False
 
 
 class ReferenceModel:
@@ -93,12 +97,16 @@ class ReferenceModel:
         pos = torch.arange(len(primary))[None]
         return self.backbone(inputs_embeds=emb, position_ids=pos).last_hidden_state[0, -1]
 
-    def _expand(self, prompt_ids, audio_items):
+    def _expand(self, prompt_ids, audio_items, continues: bool = False):
         primary, aux = [], []
         items = iter(audio_items)
         for tok in prompt_ids:
             if tok == self.audio:
-                for frame in self.interleave(next(items)):
+                codes = next(items)
+                steps = self.interleave(codes)
+                if continues and codes is audio_items[-1]:
+                    steps = steps[: codes.shape[1]]  # up to the lead stream's (delay 0) last frame
+                for frame in steps:
                     primary.append(self.audio)
                     aux.append(frame)
             else:
@@ -127,7 +135,8 @@ class ReferenceModel:
         higher the reference scores its choice (a numerical tie when tiny). Forced rule tokens
         (BOS/EOS/PAD, the primary during audio) must match exactly."""
         self.disagreements = []
-        primary, aux = self._expand(req.prompt_ids, req.audio_items)
+        primary, aux = self._expand(req.prompt_ids, req.audio_items, req.continues)
+        continued = req.audio_items[-1] if req.continues else None
         guided = req.cfg_scale != 1.0
         if guided:
             u_primary, u_aux = self._expand(req.uncond_prompt_ids, [])
@@ -146,7 +155,9 @@ class ReferenceModel:
                 a = g - audio_start
                 frame = []
                 for k, d in enumerate(self.delays):
-                    if a < d:
+                    if a < d and continued is not None and a == g and continued.shape[1] + a - d >= 0:
+                        tok_k = int(continued[k, continued.shape[1] + a - d])  # the continued speech's frame
+                    elif a < d:
                         tok_k = self.BOS
                     elif frames is not None and a == frames + d:
                         tok_k = self.EOS

@@ -37,6 +37,7 @@ def engine(request, tiny_checkpoint):
 
 def mixed_requests(engine, rng):
     from speechctl.models.generic.prompts import MultiStreamPrompts
+    from speechctl.models.prompting import VoicePrompt
 
     prompts = MultiStreamPrompts(engine.spec, engine.tokenizer)
     K, C = engine.spec.num_codebooks, engine.spec.pattern.codebook_size
@@ -46,6 +47,10 @@ def mixed_requests(engine, rng):
         reqs.append(prompts.tts(text, max_frames=4 + 9 * i, tag=f"tts{i}"))
     reqs.append(prompts.tts("with a voice", voice_codes=rng.integers(0, C, (K, 13)), max_frames=20, tag="voice"))
     reqs.append(prompts.tts("at least twelve", min_frames=12, max_frames=30, tag="min"))
+    # speech that follows on from a voice prompt: its audio laid out open, its delayed streams'
+    # last frames forced on the first steps (a resumed request keeps them: "preemption")
+    said = VoicePrompt("so far", rng.integers(0, C, (K, 11)), lead_frames=3)
+    reqs.append(prompts.tts("and then it goes on", continues=said, max_frames=18, tag="continues"))
     for i, frames in enumerate([3, 17, 40, 25]):
         reqs.append(prompts.asr(rng.integers(0, C, (K, frames)), max_tokens=6 + 7 * i, tag=f"asr{i}"))
     return reqs
@@ -61,6 +66,7 @@ def _ref_request(req, eos_id):
         allow_audio=req.allow_audio,
         max_frames=req.max_frames,
         min_frames=req.min_frames,
+        continues=req.continues,
     )
     return ref
 
@@ -103,6 +109,11 @@ def test_mixed_batch_equals_reference(engine, reference):
     assert_matches(reference, engine, reqs, outs)
     lengths = {len(o.token_ids) for o in outs.values()}
     assert len(lengths) >= 5, "rows should finish at different steps"
+    # the continued speech's first step holds each delayed stream's next frame of the prompt
+    (codes,) = next(r for r in reqs if r.tag == "continues").audio_items
+    first = outs["continues"].aux[0]
+    delays = engine.spec.pattern.delays
+    assert [int(first[k]) for k, d in enumerate(delays) if d] == [int(codes[k, -d]) for k, d in enumerate(delays) if d]
     # The configuration did what it is named after.
     if engine.name == "chunked-prefill":
         assert max(len(r.prompt_ids) for r in reqs) > 16 or any(r.audio_items for r in reqs)

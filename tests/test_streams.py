@@ -63,6 +63,32 @@ def test_decoder_prompt_matches_drawing():
         p.decoder_prompt(np.zeros((3, 2), dtype=int))
 
 
+@pytest.mark.parametrize("frames", [1, 5, 17])
+@pytest.mark.parametrize("name", [n for n, d in LAYOUTS.items() if min(d) == 0])
+def test_continued_audio_round_trip(name, frames):
+    """Continued speech (a voice prompt the new speech follows on from): its open steps and the
+    generated steps' forced lead-in hold every frame of it once, where the whole layout has it."""
+    pattern = DelayPattern(LAYOUTS[name], codebook_size=32)
+    codes = np.random.default_rng(frames).integers(0, 32, (pattern.num_streams, frames))
+    steps, lead_in = pattern.continuation(codes)
+    np.testing.assert_array_equal(steps, pattern.build(codes)[:, :frames])
+    assert lead_in.shape == (max(1, pattern.max_delay), pattern.num_streams)
+    given = np.concatenate([steps.T, np.where(lead_in >= 0, lead_in, pattern.bos)])  # [steps, K]
+    for k, d in enumerate(pattern.delays):
+        np.testing.assert_array_equal(given[d : d + frames, k], codes[k])  # frame t at step t + d
+        assert (lead_in[d:, k] == -1).all()  # free from its delay on: the new speech's frames
+
+
+def test_continued_audio_matches_drawing():
+    p = DelayPattern((0, 1, 2), codebook_size=10)
+    B = p.bos
+    steps, lead_in = p.continuation(np.array([[1, 2], [3, 4], [5, 6]]))
+    np.testing.assert_array_equal(steps, [[1, 2], [B, 3], [B, B]])
+    np.testing.assert_array_equal(lead_in, [[-1, 4, 5], [-1, -1, 6]])
+    with pytest.raises(ValueError, match="no delay"):
+        DelayPattern((1, 2), codebook_size=10).continuation(np.zeros((2, 3), dtype=int))
+
+
 def test_revert_rejects_malformed_layouts():
     p = DelayPattern((0, 1), codebook_size=10)
     steps = p.build(np.array([[1, 2], [3, 4]]))

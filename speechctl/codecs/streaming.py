@@ -230,6 +230,21 @@ class StreamingDecoder:
         return [Chunk(p.key, next(waves)[p.skip * hop : (p.skip + p.keep) * hop] if p.codes is not None else empty,
                       p.start, p.last) for p in plans]
 
+    def begin(self, key: Hashable, context: np.ndarray, keep_from: int) -> None:
+        """A request whose speech follows on from ``context`` ([K, T] codes of a voice prompt,
+        ``VoicePrompt``): its windows see those frames before its own, and its chunks start at
+        frame ``keep_from`` of them (the frames after it, the prompt's closing pause, come first
+        in its audio). Its own frames are pushed after them as usual."""
+        if key in self._streams:
+            raise ValueError(f"{key}: begun after its frames came")
+        context = np.asarray(context, dtype=np.int64)
+        if not 0 <= keep_from <= context.shape[1]:
+            raise ValueError(f"{key}: keep_from {keep_from} is outside the context's {context.shape[1]} frames")
+        self._push(key, context)
+        stream = self._streams[key]
+        stream.emitted = keep_from
+        stream.forget_before(max(0, keep_from - self.steady))
+
     def push(self, key: Hashable, codes: np.ndarray) -> list[Chunk]:
         """One request's new frames ``[K, n]``; returns the chunks now ready (any request)."""
         return self.step({key: codes})

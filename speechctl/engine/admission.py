@@ -16,7 +16,7 @@ import numpy as np
 
 from speechctl.engine.params import GREEDY, HISTORY, StreamParams
 from speechctl.engine.requests import StreamRequest, encoder_decoder_prompt
-from speechctl.engine.streams import StreamSpec
+from speechctl.engine.streams import StreamSpec, audio_item, item_steps
 from speechctl.errors import EngineError
 
 
@@ -72,7 +72,7 @@ class Admission:
 
     def prompt_length(self, req: StreamRequest) -> int:
         """Positions of the prompt once each audio placeholder is expanded to its steps."""
-        steps = sum(self.spec.pattern.num_steps(np.shape(c)[1]) for c in req.audio_items)
+        steps = sum(item_steps(self.spec.pattern, item).shape[1] for item in _items(req))
         return len(req.prompt_ids) - len(req.audio_items) + steps
 
     def fit(self, req: StreamRequest) -> tuple[int, int]:
@@ -119,7 +119,7 @@ class Admission:
         shared = dict(seed=seed, audio=req.audio, starts_in_audio=req.starts_in_audio, allow_audio=req.allow_audio,
                       max_frames=max_frames, min_frames=min(req.min_frames, max_frames), guidance=req.guidance,
                       text=req.text, depth=req.depth, repetition=req.repetition, **_decoder_streams(req))
-        members = [Member(key, _prompt(key, req.prompt_ids, req.audio_items, req.encoder_ids),
+        members = [Member(key, _prompt(key, req.prompt_ids, _items(req), req.encoder_ids),
                           StreamParams(key=key, partner=key + "u" if guided else None, conditional=True,
                                        history=history, **shared),
                           max_tokens, req.stream)]
@@ -135,17 +135,25 @@ class Admission:
         repetition window starts."""
         if not req.audio_items:
             return ()
-        steps = np.concatenate([self.spec.pattern.build(np.asarray(c)) for c in req.audio_items], axis=1).T
+        steps = np.concatenate([item_steps(self.spec.pattern, item) for item in _items(req)], axis=1).T
         return tuple(tuple(int(x) for x in row) for row in steps[-HISTORY:])
 
 
+def _items(req: StreamRequest) -> list:
+    """The request's audio items as the model's processor takes them (``streams.audio_item``)."""
+    last = len(req.audio_items) - 1
+    return [audio_item(codes, req.continues and i == last) for i, codes in enumerate(req.audio_items)]
+
+
 def _decoder_streams(req: StreamRequest) -> dict:
-    """An encoder-decoder request's decoder-prompt tokens and lead-in, as ``StreamParams``
-    fields (tuples: the params are frozen)."""
-    if req.prompt_steps is None:
-        return {}
-    lead_in = () if req.lead_in is None else tuple(map(tuple, np.asarray(req.lead_in).tolist()))
-    return {"prompt_steps": tuple(map(tuple, np.asarray(req.prompt_steps).tolist())), "lead_in": lead_in}
+    """An encoder-decoder request's decoder-prompt tokens, and any request's lead-in (forced
+    first generated steps), as ``StreamParams`` fields (tuples: the params are frozen)."""
+    fields = {}
+    if req.lead_in is not None:
+        fields["lead_in"] = tuple(map(tuple, np.asarray(req.lead_in).tolist()))
+    if req.prompt_steps is not None:
+        fields["prompt_steps"] = tuple(map(tuple, np.asarray(req.prompt_steps).tolist()))
+    return fields
 
 
 def _prompt(key: str, prompt_ids: list[int], audio_items: list, encoder_ids=None) -> dict:
@@ -153,5 +161,5 @@ def _prompt(key: str, prompt_ids: list[int], audio_items: list, encoder_ids=None
         return encoder_decoder_prompt(key, encoder_ids, prompt_ids)
     prompt = {"prompt_token_ids": list(prompt_ids)}
     if audio_items:
-        prompt["multi_modal_data"] = {"audio": [np.asarray(c) for c in audio_items]}
+        prompt["multi_modal_data"] = {"audio": list(audio_items)}
     return prompt

@@ -32,10 +32,14 @@ class StreamRequest:
     stream: bool = False  # report new tokens every step, not only at the end
     depth: Sampling | None = None  # a depth decoder's codebooks (CSM); None: as ``audio``
     repetition: tuple[int, int] | None = None  # repetition-aware sampling: (window, max_repeat)
+    # The last audio item is speech the model continues (``DelayPattern.continuation``): laid out
+    # open-ended, its delayed streams' last frames forced on the first generated steps (``lead_in``).
+    continues: bool = False
     # Encoder-decoder families (Dia, MusicGen): the encoder's input ids, the unconditional CFG
     # member's (same length; the condition dropped, as the family's reference drops it), the
     # decoder prompt's stream tokens [P, K] and the first generated steps' forced tokens [D, K]
-    # (-1: by rule). The decoder prompt (``prompt_ids``) is then control tokens, one per position.
+    # (-1: by rule; also a continued audio's, ``continues``). The decoder prompt (``prompt_ids``)
+    # is then control tokens, one per position.
     encoder_ids: np.ndarray | None = None
     uncond_encoder_ids: np.ndarray | None = None
     prompt_steps: np.ndarray | None = None

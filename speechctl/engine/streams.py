@@ -113,6 +113,31 @@ class DelayPattern:
         out[mask] = codes.reshape(-1)  # row-major: each stream's T steps are contiguous
         return out.astype(np.int64)
 
+    def continuation(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Audio a decoder-only model continues (a voice prompt that the new speech follows on
+        from, VALL-E's way): ``codes`` [K, T] -> ([K, T] its first T steps, every frame of the
+        lead stream, the prompt's last positions; [max_delay, K] the first generated steps'
+        forced tokens: stream k's frames T - d_k .. T - 1 on generated steps 0 .. d_k - 1, -1
+        elsewhere). The generated audio's own frames then start at frame T on every stream, as
+        a fresh audio's start at frame 0 (its steps before each delay forced). Needs a lead
+        stream without delay (the generated step ``a`` holds stream k's frame T + a - d_k)::
+
+            K=2, delays [0, 1], T=2        prompt  | generated
+            step                           0   1   | 0   1
+            stream 0                       c   c   | -   -
+            stream 1                       B   c   | c   -
+        """
+        codes = np.asarray(codes)
+        if min(self.delays) != 0:
+            raise ValueError(f"audio is continued only where a stream has no delay, not {list(self.delays)}")
+        K, T = codes.shape
+        lead_in = np.full((max(1, self.max_delay), K), -1, dtype=np.int64)
+        for k, d in enumerate(self.delays):
+            for a in range(d):
+                if T + a - d >= 0:
+                    lead_in[a, k] = codes[k, T + a - d]
+        return self.build(codes)[:, :T], lead_in
+
     def decoder_prompt(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """An encoder-decoder family's decoder prompt (Dia, MusicGen): an all-BOS start frame,
         then T frames of ``codes`` [K, T] with stream k's frame f at position 1 + d_k + f. The
@@ -151,6 +176,26 @@ class DelayPattern:
         if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
             raise ValueError("malformed delay layout: a special token where a code belongs")
         return codes.reshape(self.num_streams, num_frames)
+
+
+# An audio item of a prompt is its codes [K, T], laid out with the delay pattern whole; or
+# (codes, CONTINUED): speech the model continues, laid out open-ended (DelayPattern.continuation).
+CONTINUED = "continued"
+
+
+def audio_item(codes: np.ndarray, continued: bool = False):
+    """An audio item as vLLM's prompt carries it to the model's processor (see CONTINUED)."""
+    return (np.asarray(codes), CONTINUED) if continued else np.asarray(codes)
+
+
+def item_steps(pattern: DelayPattern, item) -> np.ndarray:
+    """[K, S] the steps an audio item (``audio_item``) takes in a prompt."""
+    if isinstance(item, tuple):
+        codes, how = item
+        if how != CONTINUED:
+            raise ValueError(f"an audio item is codes or (codes, {CONTINUED!r}), not (codes, {how!r})")
+        return pattern.continuation(np.asarray(codes))[0]
+    return pattern.build(np.asarray(item))
 
 
 def complete_frames(steps: np.ndarray, delays) -> np.ndarray:

@@ -25,6 +25,28 @@ from speechctl.errors import InputError
 
 
 @dataclass(frozen=True)
+class VoicePrompt:
+    """Speech that a request's new speech follows on from (a checkpoint's own voice prompt): what
+    it says and its codes [K, T]. The model reads ``text`` and then the request's text, and
+    continues the audio; its waveform is decoded with the prompt's before it (the codec's
+    context) and starts ``lead_frames`` before the prompt's end (the pause it ends with)."""
+
+    text: str
+    codes: np.ndarray
+    lead_frames: int = 0
+
+    def decodable(self, segment: np.ndarray, hop_length: int) -> tuple[np.ndarray, int]:
+        """(the codes to decode for speech ``segment`` [K, T] that followed on from this prompt,
+        the samples to drop from their waveform): the prompt's codes go first (the codec's
+        context at the seam), and the waveform starts ``lead_frames`` before their end."""
+        return np.concatenate([self.codes, segment], axis=1), self.samples_before(hop_length)
+
+    def samples_before(self, hop_length: int) -> int:
+        """The samples of the prompt's waveform before the new speech's (its lead-in kept)."""
+        return (self.codes.shape[1] - self.lead_frames) * hop_length
+
+
+@dataclass(frozen=True)
 class TtsOptions:
     """What a TTS request asks besides its text, as every family's ``build_tts`` receives it."""
 
@@ -38,6 +60,7 @@ class TtsOptions:
     min_frames: int = 1  # the family's own minimum where the caller named none
     guidance: Guidance = NO_GUIDANCE
     repetition: tuple[int, int] | None = None  # repetition-aware sampling (window, max_repeat)
+    continues: VoicePrompt | None = None  # speech to follow on from, where the family can
     tag: object = None
 
 
@@ -46,6 +69,7 @@ _TTS_FIELDS = frozenset(f.name for f in fields(TtsOptions))
 
 class PromptBuilder:
     title = "this model"  # for messages
+    voice_prompt: VoicePrompt | None = None  # the checkpoint's own, where its family has one (``Speech.continuation``)
     min_frames = 1  # the audio may not end before this many frames (unless the caller says)
     cuts_text = True  # a long text may be spoken in pieces (speechctl.text); False: in one request
 

@@ -32,7 +32,7 @@ from vllm.multimodal.processing import (
 from speechctl.engine import vllm_compat
 from speechctl.engine.runtime import StreamRuntime
 from speechctl.engine.runtime.warmup import record_step_graphs
-from speechctl.engine.streams import DelayPattern, StreamSpec
+from speechctl.engine.streams import DelayPattern, StreamSpec, item_steps
 from speechctl.engine.vllm_compat import CodesDummyHooks, CodesProcessorHooks
 
 AUDIO_PLACEHOLDER = "<|audio|>"
@@ -61,8 +61,9 @@ class AudioCodesItems(ModalityDataItems[list, torch.Tensor]):
 
 
 class AudioCodesParser(MultiModalDataParser):
-    """Accepts ``{"audio": codes}`` or ``{"audio": [codes, ...]}`` with codes [K, T] in
-    [0, codebook_size) and lays each item out with the model's delay pattern."""
+    """Accepts ``{"audio": codes}`` or ``{"audio": [item, ...]}``, an item codes [K, T] in
+    [0, codebook_size) or speech to continue (``streams.audio_item``), and lays each item out
+    with the model's delay pattern (``streams.item_steps``)."""
 
     def __init__(self, pattern: DelayPattern):
         super().__init__()
@@ -73,7 +74,7 @@ class AudioCodesParser(MultiModalDataParser):
             return None
         if isinstance(data, (np.ndarray, torch.Tensor)) and np.ndim(data) == 2:
             data = [data]
-        steps = [torch.from_numpy(self.pattern.build(np.asarray(item))) for item in data]
+        steps = [torch.from_numpy(item_steps(self.pattern, item)) for item in data]
         return AudioCodesItems(steps)
 
 

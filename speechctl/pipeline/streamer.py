@@ -39,6 +39,7 @@ from speechctl.codecs.streaming import Plan, StreamingDecoder
 from speechctl.codecs.worker import DecodeQueue
 from speechctl.errors import EngineError, SpeechctlError
 from speechctl.models.audio_stream import AudioEvent, AudioStreamReader, TextEvent
+from speechctl.models.prompting import VoicePrompt
 from speechctl.pieces import Sequence
 
 
@@ -67,6 +68,7 @@ class _Live:
     submitted_at: float = 0.0  # perf_counter time it was submitted
     first_output: tuple[int, float] | None = None  # (step, time) the engine first reported on it
     first_planned: tuple[int, float] | None = None  # (step, time) its first chunk went to the codec
+    prompt: VoicePrompt | None = None  # the voice prompt its speech follows on from (``Speech.continuation``)
 
 
 @dataclass(eq=False)
@@ -150,22 +152,30 @@ class SpeechStreamer:
             return
         codes = self.speech.codec.encode([job.voice])[0] if job.voice is not None else None
         requests = self.speech.requests_of(job, codes)
+        prompt = self.speech.continuation(job)
         if len(requests) == 1:
-            self.submit_request(job.id, requests[0], stream=stream)
+            self.submit_request(job.id, requests[0], stream=stream, prompt=prompt)
             return
         # A long text: its pieces stream together, passed on in order (speechctl.pieces)
         sequence = Sequence(job.id, requests[0].tag.whole.pieces, self.sample_rate)
         for request in requests:
             piece_id = (job.id, request.tag.index)
             self._sequences[piece_id] = sequence
-            self.submit_request(piece_id, request, stream=stream)
+            self.submit_request(piece_id, request, stream=stream, prompt=prompt)
 
-    def submit_request(self, id: str, request, stream: bool = True) -> None:
-        """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks)."""
+    def submit_request(self, id: str, request, stream: bool = True, prompt: VoicePrompt | None = None) -> None:
+        """A prepared ``StreamRequest`` (TTS, unified chat, fixed-length benchmarks); ``prompt``:
+        the voice prompt a request that ``continues`` one follows on from (its audio's context)."""
         if id in self._live:
             raise SpeechctlError(f"{id}: a request with this id is already running")
+        if request.continues != (prompt is not None):
+            raise SpeechctlError(f"{id}: a request that continues a voice prompt comes with it, and only such a one")
         live = _Live(id, AudioStreamReader(self.speech.prompts, request.starts_in_audio), stream=stream,
-                     audio_only=request.starts_in_audio, submitted_step=self.steps, submitted_at=time.perf_counter())
+                     audio_only=request.starts_in_audio, submitted_step=self.steps, submitted_at=time.perf_counter(),
+                     prompt=prompt)
+        if prompt is not None and stream:  # its first segment's windows see the prompt's frames first
+            live.open_segment = 0
+            self.decoder.begin((id, 0), prompt.codes, prompt.codes.shape[1] - prompt.lead_frames)
         self._live[id] = live
         self.engine.submit(dataclasses.replace(request, stream=stream, tag=live))
 
@@ -263,9 +273,11 @@ class SpeechStreamer:
             if plan.codes is not None and live is not None and live.first_planned is None:
                 live.first_planned = (self.steps, time.perf_counter())
         if plans or finished or whole:
+            wholes = [live.prompt.decodable(codes, self.speech.codec.hop_length)[0] if live.prompt else codes
+                      for live, codes in whole]
             self._in_flight.append(_Decoding(plans, lives, finished, [live for live, _ in whole],
                                              self._decodes.decode(windows, urgent=True),
-                                             self._decodes.decode([codes for _, codes in whole])))
+                                             self._decodes.decode(wholes)))
         events += self._decoded(wait=not self._live)
         engine, codec = stepped - started, time.perf_counter() - decoding
         self.steps += 1
@@ -317,6 +329,8 @@ class SpeechStreamer:
     def _wholes_of(self, step: _Decoding) -> list:
         events = []
         for live, wave in zip(step.whole, step.wholes.result()):
+            if live.prompt is not None:  # (from the prompt's closing pause on)
+                wave = wave[live.prompt.samples_before(self.speech.codec.hop_length) :]
             if not live.dropped:
                 events.append(self._chunk(live.id, wave, 0, last=False))
                 live.samples = len(wave)

@@ -91,12 +91,14 @@ class SlotTable:
         # [slot, generated index, stream] auxiliary tokens; one spare index for clamped writes.
         self.gen_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
         self._pad = pad
-        # Encoder-decoder families: [slot, prompt position, stream] the decoder prompt's tokens,
-        # and [slot, generated index < max delay, stream] forced first tokens (-1: by rule).
-        self.prompt_aux = self.lead_in = None
+        # [slot, generated index < max delay, stream] forced first tokens (-1: by rule): an audio
+        # prompt's continuation (encoder-decoder families' decoder prompts, continued speech).
+        self.lead_in = torch.full((n, max(1, spec.pattern.max_delay), K), -1, dtype=torch.int32, device=device)
+        self._leads_in = np.zeros(n, dtype=bool)  # (host) slots whose last claim wrote a lead-in
+        # Encoder-decoder families: [slot, prompt position, stream] the decoder prompt's tokens.
+        self.prompt_aux = None
         if spec.prompt_streams:
             self.prompt_aux = torch.full((n, max_len + 1, K), pad, dtype=torch.int32, device=device)
-            self.lead_in = torch.full((n, max(1, spec.pattern.max_delay), K), -1, dtype=torch.int32, device=device)
         self.readback = Readback(slots=n, max_rows=max_rows, max_len=max_len, num_codebooks=K, pad=pad, device=device)
         self._claims = 0
 
@@ -209,7 +211,8 @@ class SlotTable:
             *self.depth.columns([p.depth or p.audio for p in ps]),
             *self.text.columns([p.text for p in ps]),
         ]
-        idx = self._to_device(np.array([slot for slot, _ in claimed], dtype=np.int64))
+        claimed_slots = np.array([slot for slot, _ in claimed], dtype=np.int64)
+        idx = self._to_device(claimed_slots)
         for dtype in (torch.int64, torch.float32, torch.bool):
             fields = [(buf, values) for buf, values in columns if buf.dtype == dtype]
             rows = self._to_device(torch.tensor([v for _, v in fields], dtype=dtype, device="cpu"))  # [fields, claimed]
@@ -222,22 +225,29 @@ class SlotTable:
                     steps = np.asarray(p.history, dtype=np.int32)[-HISTORY:]
                     history[i, HISTORY - len(steps):] = steps
             self.history.index_copy_(0, idx, self._to_device(history))
+        if any(p.lead_in for p in ps) or self._leads_in[claimed_slots].any():
+            self._write_lead_in(idx, claimed_slots, ps)
         if self.prompt_aux is not None:
             self._write_prompt_streams(idx, ps)
 
-    def _write_prompt_streams(self, idx: torch.Tensor, ps: list[StreamParams]) -> None:
-        """The claimed slots' decoder-prompt tokens and forced first tokens, in one copy each."""
-        prompt = np.full((len(ps),) + tuple(self.prompt_aux.shape[1:]), self._pad, dtype=np.int32)
+    def _write_lead_in(self, idx: torch.Tensor, slots: np.ndarray, ps: list[StreamParams]) -> None:
+        """The claimed slots' forced first tokens (a slot's earlier claim's reset), in one copy."""
         lead = np.full((len(ps),) + tuple(self.lead_in.shape[1:]), -1, dtype=np.int32)
+        for i, p in enumerate(ps):
+            if p.lead_in:
+                lead[i, : len(p.lead_in)] = np.asarray(p.lead_in)[: lead.shape[1]]
+        self.lead_in.index_copy_(0, idx, self._to_device(lead))
+        self._leads_in[slots] = [bool(p.lead_in) for p in ps]
+
+    def _write_prompt_streams(self, idx: torch.Tensor, ps: list[StreamParams]) -> None:
+        """The claimed slots' decoder-prompt tokens, in one copy."""
+        prompt = np.full((len(ps),) + tuple(self.prompt_aux.shape[1:]), self._pad, dtype=np.int32)
         for i, p in enumerate(ps):
             if len(p.prompt_steps) > prompt.shape[1]:
                 raise RuntimeError(f"speechctl: a decoder prompt of {len(p.prompt_steps)} positions is past max_len")
             if p.prompt_steps:
                 prompt[i, : len(p.prompt_steps)] = p.prompt_steps
-            if p.lead_in:
-                lead[i, : len(p.lead_in)] = np.asarray(p.lead_in)[: lead.shape[1]]
         self.prompt_aux.index_copy_(0, idx, self._to_device(prompt))
-        self.lead_in.index_copy_(0, idx, self._to_device(lead))
 
     def _to_device(self, host) -> torch.Tensor:
         """A host array as a tensor on the table's device (see ``_staged``)."""

@@ -8,9 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from speechctl.engine.streams import StreamSpec
 from speechctl.errors import ModelError
 from speechctl.models.family import CfgConvention, CodecLocation, Family, GenerationDefaults
+from speechctl.models.prompting import VoicePrompt
 
 
 class MultiStream(Family):
@@ -38,20 +41,44 @@ class MultiStream(Family):
 
     def prompt_options(self, config: Mapping[str, Any]) -> dict:
         section = config.get("speechctl") or {}
-        if section.get("text_input", "text") == "text":
-            return {}
-        return {"reads": section["text_input"], "phoneme_voice": section.get("phoneme_voice", "en-us")}
+        options = {}
+        if section.get("text_input", "text") != "text":
+            options = {"reads": section["text_input"], "phoneme_voice": section.get("phoneme_voice", "en-us")}
+        if "voice_prompt" in section:
+            options["voice_prompt"] = voice_prompt(section["voice_prompt"], self.spec(config))
+        return options
 
     def describe(self, config: Mapping[str, Any]) -> dict[str, str]:
-        options = self.prompt_options(config)
-        if not options:
-            return {}
-        return {"reads": f"espeak-ng's phonemes of the text (voice {options['phoneme_voice']}; "
-                         "needs espeak-ng: apt-get install espeak-ng)"}
+        options, described = self.prompt_options(config), {}
+        if "reads" in options:
+            described["reads"] = (f"espeak-ng's phonemes of the text (voice {options['phoneme_voice']}; "
+                                  "needs espeak-ng: apt-get install espeak-ng)")
+        if "voice_prompt" in options:
+            prompt = options["voice_prompt"]
+            described["voice prompt"] = (f"speech follows on from its own {prompt.codes.shape[1]} frames of "
+                                         f"\"{prompt.text}\" (no --voice given, no guidance)")
+        return described
 
     def codec(self, path: Path, config: Mapping[str, Any]) -> CodecLocation:
         sub = (config.get("speechctl") or {}).get("codec", "codec")
         return CodecLocation(path / sub, f"{sub}/ in the checkpoint")
+
+
+def voice_prompt(entry: Any, spec: StreamSpec) -> VoicePrompt:
+    """config.json's ``speechctl.voice_prompt``: ``{"text": what it says, "codes": [K][T] its
+    codec codes, "lead_frames": the frames of its closing pause the new speech keeps}``."""
+    try:
+        codes = np.asarray(entry["codes"], dtype=np.int64)
+        prompt = VoicePrompt(str(entry["text"]), codes, int(entry.get("lead_frames", 0)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"config.json: speechctl.voice_prompt: {e!r}") from None
+    K, C = spec.num_codebooks, spec.pattern.codebook_size
+    if codes.ndim != 2 or codes.shape[0] != K or codes.shape[1] < spec.pattern.max_delay or codes.min() < 0 or codes.max() >= C:
+        raise ModelError(f"config.json: speechctl.voice_prompt.codes must be [{K}][T >= {spec.pattern.max_delay}] codes "
+                         f"below {C}, got shape {list(codes.shape)}")
+    if not 0 <= prompt.lead_frames <= codes.shape[1]:
+        raise ModelError(f"config.json: speechctl.voice_prompt.lead_frames must be 0..{codes.shape[1]}, got {prompt.lead_frames}")
+    return prompt
 
 
 FAMILY = MultiStream()

@@ -1,10 +1,13 @@
 """Prompt layout of the generic multi-stream family, and reading its outputs back.
 
     TTS:  <bos> <|tts|> [<|audio_bos|> voice <|audio_eos|>] text <|audio_bos|>   -> audio steps, <|audio_eos|>
+    TTS, continuing a voice prompt:
+          <bos> <|tts|> prompt_text text <|audio_bos|> prompt_audio              -> audio steps, <|audio_eos|>
     ASR:  <bos> <|asr|> <|audio_bos|> audio <|audio_eos|>                         -> text, <eos>
 
 ``voice`` and ``audio`` are one ``<|audio|>`` placeholder each; vLLM expands it to the item's
-delay-interleaved steps. An audio segment in an output is the run of ``<|audio|>`` steps between
+delay-interleaved steps (``prompt_audio`` to its first steps only, open-ended: the model goes on
+with its speech, ``DelayPattern.continuation``). An audio segment in an output is the run of ``<|audio|>`` steps between
 ``<|audio_bos|>`` (or the start, for TTS) and ``<|audio_eos|>``.
 """
 
@@ -16,7 +19,7 @@ from speechctl.engine.params import GREEDY, Sampling
 from speechctl.engine.requests import StreamOutput, StreamRequest
 from speechctl.engine.streams import complete_frames
 from speechctl.errors import EngineError, InputError, ModelError
-from speechctl.models.prompting import PromptBuilder, TtsOptions
+from speechctl.models.prompting import PromptBuilder, TtsOptions, VoicePrompt
 
 
 class MultiStreamPrompts(PromptBuilder):
@@ -24,13 +27,17 @@ class MultiStreamPrompts(PromptBuilder):
     it ("phonemes", in the espeak-ng voice ``phoneme_voice``: a voice trained so, config.json's
     ``speechctl.text_input``)."""
 
-    def __init__(self, spec, tokenizer, reads: str = "text", phoneme_voice: str = "en-us"):
+    def __init__(self, spec, tokenizer, reads: str = "text", phoneme_voice: str = "en-us",
+                 voice_prompt: VoicePrompt | None = None):
         super().__init__(spec, tokenizer)
         from speechctl.phonemes import READS
 
         if reads not in READS:
             raise ModelError(f"config.json: speechctl.text_input={reads!r}: one of {', '.join(READS)}")
         self.reads, self.phoneme_voice = reads, phoneme_voice
+        # the checkpoint's own voice prompt (config.json's speechctl.voice_prompt): the speech a
+        # request without a voice of its own follows on from (``Speech.continuation``)
+        self.voice_prompt = voice_prompt
 
     def _text_ids(self, text: str) -> list[int]:
         if self.reads == "phonemes":
@@ -50,12 +57,22 @@ class MultiStreamPrompts(PromptBuilder):
             raise InputError("this model has no depth decoder (depth_sampling)")
         s = self.spec
         ids = [s.bos_id, s.task_ids["tts"]]
-        items = []
-        if o.voice_codes is not None:
-            ids += self._audio_ids()
-            items.append(o.voice_codes)
-        ids += self._text_ids(text) + [s.audio_bos_id]
+        items, lead_in = [], None
+        if o.continues is not None:
+            # VALL-E's way: the prompt's text and then this one, the prompt's speech continued
+            if o.voice_codes is not None or o.guidance.enabled:
+                raise InputError("speech that continues a voice prompt takes no other voice and no guidance")
+            lead_in = s.pattern.continuation(o.continues.codes)[1]
+            ids += self._text_ids(f"{o.continues.text} {text}") + [s.audio_bos_id, s.audio_id]
+            items.append(o.continues.codes)
+        else:
+            if o.voice_codes is not None:
+                ids += self._audio_ids()
+                items.append(o.voice_codes)
+            ids += self._text_ids(text) + [s.audio_bos_id]
         return StreamRequest(
+            continues=o.continues is not None,
+            lead_in=lead_in,
             repetition=o.repetition,
             guidance=o.guidance,
             uncond_prompt_ids=self.unconditional(ids, items) if o.guidance.enabled else None,
@@ -134,14 +151,18 @@ class MultiStreamPrompts(PromptBuilder):
         )
 
     def audio_segments(self, out: StreamOutput, starts_in_audio: bool) -> list[np.ndarray]:
-        """De-interleave every audio segment of an output into [K, T] codes."""
+        """De-interleave every audio segment of an output into [K, T] codes (of speech that
+        continues a voice prompt, its own frames)."""
         s = self.spec
         segments, start = [], 0 if starts_in_audio else None
         for i, tok in enumerate(out.token_ids):
             if tok == s.audio_bos_id:
                 start = i + 1
             elif tok == s.audio_eos_id and start is not None:
-                steps = out.aux[start:i].T
+                steps = out.aux[start:i].T.copy()
+                if start == 0:  # before each delay, the rules' tokens: BOS, or continued speech's frames
+                    for k, d in enumerate(s.pattern.delays):
+                        steps[k, :d] = s.pattern.bos
                 try:
                     segments.append(s.pattern.revert(steps))
                 except ValueError as e:
