@@ -1102,6 +1102,8 @@ def test_export_is_speechctls_layout(lm_parts):
     assert Speech.max_piece_chars.fget(types.SimpleNamespace(checkpoint=checkpoint)) == MAX_PIECE_CHARS
     # readable by every user (safetensors writes 0600), as anything pip installs
     assert all(f.stat().st_mode & 0o444 == 0o444 for f in model_dir.rglob("*") if f.is_file())
+    # the committed voice prompt's codes are the shipped codec's, not this one's: left out
+    assert "voice_prompt" not in json.loads((model_dir / "config.json").read_text())["speechctl"]
 
 
 def test_a_checkpoints_longest_piece_is_read_from_its_config():
@@ -1292,3 +1294,26 @@ def test_the_espeak_bundle_is_rebuilt_with_english_alone_and_the_check_tells_spe
     monkeypatch.setattr(espeak_bundle, "synthesize", lambda sentence, config, data: (np.array([len(str(data))]), 16000))
     with pytest.raises(AssertionError, match="'Hello there.' differently"):
         espeak_bundle.same_speech(tmp_path, None, ["Hello there."])
+
+
+@needs_espeak
+def test_the_voice_prompt_ends_in_a_pause_and_belongs_to_its_codec(tmp_path):
+    """``voice-prompt``: espeak-ng's said sentence cut where the next begins, through a codec:
+    codes of every codebook, ending in whole frames of pause that lead into the new speech, none
+    of the held-out sentences; config.json gets it only for the codec that made it."""
+    from recipes.voice.text import make_corpus
+    from recipes.voice.voice_prompt import SAID, codec_hash, config_entry, make_voice_prompt
+    from speechctl.models.tiny import ensure_tiny
+
+    codec_dir = ensure_tiny() / "codec"
+    entry = make_voice_prompt(codec_dir)
+    codes = np.asarray(entry["codes"])
+    assert codes.shape[0] == json.loads((codec_dir / "config.json").read_text())["n_codebooks"]
+    assert 1 <= entry["lead_frames"] < codes.shape[1] and entry["text"] == SAID
+    assert entry["made_with"]["seconds"] * 16000 / codes.shape[1] == pytest.approx(320, abs=1)  # whole frames
+    assert all(SAID.rstrip(",") not in s for s in make_corpus(DataConfig()).heldout)
+    assert config_entry(entry, codec_dir) == {"text": SAID, "codes": entry["codes"], "lead_frames": entry["lead_frames"]}
+    other = tmp_path / "other"
+    shutil.copytree(codec_dir, other)
+    (other / "model.safetensors").write_bytes(b"x" + (other / "model.safetensors").read_bytes())
+    assert codec_hash(other) != entry["codec_sha256"] and config_entry(entry, other) is None

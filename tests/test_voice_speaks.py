@@ -172,10 +172,12 @@ def test_short_texts_are_read_across_seeds(short_texts_across_seeds):
     emulated) "Hello world" 1.36 of 2 words wrong, exactly at 26 of 64, the fox 3.61 of 9, at
     most one wrong at 21 of 64; on an AVX-512 EPYC with bfloat16 in hardware 1.70, exactly at 15
     of 64 (blocks of 16: 1, 6, 3, 5), the fox 3.50, 13 of 64. An AVX-512 Xeon drew 12 of 16 exact
-    at seeds 0-15."""
+    at seeds 0-15. Since the voice follows on from its voice prompt (fifty-third session), on
+    the AVX-512 EPYC "Hello world" is heard exactly at 64 of 64 seeds and the fox within one word
+    at 19 (2.81 of 9 wrong): the bar on "Hello world" is raised, not yet to what one CPU drew."""
     fox, hello = short_texts_across_seeds[FOX], short_texts_across_seeds["Hello world"]
     assert np.mean(fox) <= 5.0 and sum(e <= 1 for e in fox) >= 6, fox
-    assert np.mean(hello) <= 1.85 and hello.count(0) >= 8, hello
+    assert np.mean(hello) <= 0.5 and hello.count(0) >= 40, hello
 
 
 # Not strict: this is one draw (seed 1), and the same seed draws differently on another CPU (see

@@ -77,6 +77,11 @@ def main(argv=None) -> None:
     q.add_argument("--max-piece-chars", type=int, default=None,
                    help="the longest piece of text the voice speaks in one request (default: export.MAX_PIECE_CHARS)")
 
+    q = sub.add_parser("voice-prompt", help="recipes/voice/voice_prompt.json: the speech the voice follows on from, "
+                                            "espeak-ng's through the voice's codec (voice_prompt.py)")
+    q.add_argument("--codec", default="speechctl/voices/default/codec")
+    q.add_argument("--out", default=None, help="default: recipes/voice/voice_prompt.json")
+
     q = sub.add_parser("ship", help="install an exported voice as speechctl's default (speechctl/voices/default/)")
     q.add_argument("model", nargs="?", default=".voice/model")
 
@@ -201,6 +206,12 @@ def main(argv=None) -> None:
 
         dest = ship(Path(args.model))
         print(f"{dest}: {sizes(dest)['total_bytes'] / 1e6:.1f} MB")
+    elif args.command == "voice-prompt":
+        from recipes.voice.voice_prompt import PROMPT_FILE, make_voice_prompt, write_voice_prompt
+
+        entry = make_voice_prompt(Path(args.codec))
+        out = write_voice_prompt(entry, Path(args.out) if args.out else PROMPT_FILE)
+        print(f"{out}: {len(entry['codes'][0])} frames of {entry['text']!r}, the last {entry['lead_frames']} a pause")
     elif args.command == "ship-kept":
         from recipes.voice.keep import ship_kept
 

@@ -38,9 +38,14 @@ MAX_PIECE_CHARS = 80
 
 
 def export_settings(sampling: dict | None = None, max_piece_chars: int | None = None) -> dict:
-    """What an export chose beyond the checkpoints (None: the voice's defaults), as its
-    speechctl.json records them; ``keep.ship_kept`` ships again when today's defaults differ."""
-    return {"sampling": sampling or SAMPLING, "max_piece_chars": max_piece_chars or MAX_PIECE_CHARS}
+    """What an export chose beyond the checkpoints (None: the voice's defaults; the voice prompt
+    committed beside this file, ``voice_prompt.py``), as its speechctl.json records them;
+    ``keep.ship_kept`` ships again when today's defaults differ."""
+    from recipes.voice.voice_prompt import read_voice_prompt
+
+    prompt = read_voice_prompt()
+    return {"sampling": sampling or SAMPLING, "max_piece_chars": max_piece_chars or MAX_PIECE_CHARS,
+            **({"voice_prompt": prompt} if prompt else {})}
 
 
 def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None = None,
@@ -54,6 +59,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     from safetensors.torch import save_file
 
     from recipes.voice.lm import SpeechLM, skeleton
+    from recipes.voice.voice_prompt import config_entry
 
     lm_dir, codec_model_dir, out = Path(lm_dir), Path(codec_model_dir), Path(out)
     record = read_record(lm_dir)
@@ -65,6 +71,11 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
     settings = export_settings(sampling, max_piece_chars)
     sampling, max_piece_chars = settings["sampling"], settings["max_piece_chars"]
     skeleton(recipe, tmp, max_piece_chars)
+    prompt = config_entry(settings["voice_prompt"], codec_model_dir) if "voice_prompt" in settings else None
+    if prompt is not None:  # speech follows on from it (speechctl's generic family reads it)
+        written = json.loads((tmp / "config.json").read_text())
+        written["speechctl"]["voice_prompt"] = prompt
+        (tmp / "config.json").write_text(json.dumps(written, indent=2) + "\n")
     config = transformers.AutoConfig.from_pretrained(tmp)
     model = SpeechLM(config)
     load_state(lm_dir, {"lm": model}, {})
@@ -88,6 +99,7 @@ def export(lm_dir: Path, codec_model_dir: Path, out: Path, sampling: dict | None
                "heldout": record.get("heldout")},
         "codec_dir_source": str(codec_model_dir),
         "export": settings,
+        "voice_prompt": prompt is not None,  # (a prompt made with another codec is left out)
         **({"kept": kept} if kept else {}),
         "text": "; ".join(NATURAL_TEXT[name] for name in recipe.data.natural)
                 + "; SCOWL word lists (Kevin Atkinson et al., permissive licence); see recipes/voice/text/SOURCES.md",
