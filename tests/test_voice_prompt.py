@@ -105,8 +105,10 @@ def test_a_voice_of_ones_own_or_guidance_goes_without_the_prompt(prompted):
 
 @pytest.mark.parametrize("entry, message", [
     ({"codes": [[1]]}, "KeyError"),
-    ({"text": "x", "codes": [[1, 2]]}, r"must be \["),
+    ({"text": "x", "codes": [[1, 2]]}, r"voice_prompt.codes: expected codes of shape \[2, T\]"),
+    ({"text": "x", "codes": [[1, 2], [3, 9]]}, r"voice_prompt.codes: codes must lie in \[0, 8\)"),
     ({"text": "x", "codes": "abc"}, "voice_prompt"),
+    ({"text": "x", "codes": [[1, 2], [3, 4]], "lead_frames": 3}, "lead_frames must be 0..2"),
 ])
 def test_a_malformed_voice_prompt_is_named(entry, message):
     from speechctl.engine.streams import DelayPattern, StreamSpec
@@ -115,3 +117,6 @@ def test_a_malformed_voice_prompt_is_named(entry, message):
     spec = StreamSpec(DelayPattern((0, 1), codebook_size=8), 1, 2, 0, 3, 4, 5)
     with pytest.raises(ModelError, match=message):
         voice_prompt(entry, spec)
+    lagging = StreamSpec(DelayPattern((1, 2), codebook_size=8), 1, 2, 0, 3, 4, 5)  # no stream to lead the continuation
+    with pytest.raises(ModelError, match="no delay"):
+        voice_prompt({"text": "x", "codes": [[1, 2], [3, 4]]}, lagging)

@@ -127,16 +127,16 @@ class DelayPattern:
             stream 0                       c   c   | -   -
             stream 1                       B   c   | c   -
         """
-        codes = np.asarray(codes)
         if min(self.delays) != 0:
             raise ValueError(f"audio is continued only where a stream has no delay, not {list(self.delays)}")
-        K, T = codes.shape
+        steps = self.build(codes)  # (checks the codes)
+        K, T = np.shape(codes)
         lead_in = np.full((max(1, self.max_delay), K), -1, dtype=np.int64)
         for k, d in enumerate(self.delays):
             for a in range(d):
                 if T + a - d >= 0:
-                    lead_in[a, k] = codes[k, T + a - d]
-        return self.build(codes)[:, :T], lead_in
+                    lead_in[a, k] = steps[k, T + a]  # frame T + a - d of stream k
+        return steps[:, :T], lead_in
 
     def decoder_prompt(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """An encoder-decoder family's decoder prompt (Dia, MusicGen): an all-BOS start frame,

@@ -28,7 +28,7 @@ def sample_frame(table: SlotTable, rules: FrameRules, logits, aux_logits, given,
     ``paired`` ... ``repetition``: whether some live request needs that work
     (``LiveSettings``); ``flags``: ``LiveSettings.sampling_flags``."""
     step = rules.locate(table, slots, last_pos)
-    lead_in = None if table.lead_in is None else table.lead_in[slots, step.a.clamp(0, table.lead_in.shape[1] - 1)]
+    lead_in = table.lead_in[slots, step.a.clamp(0, table.lead_in.shape[1] - 1)]
     forced = rules.forced(step, table.max_frames[slots], lead_in)
     pairing = find_pairs(table, slots, step.g_next, step.real) if paired else None
     if given is None:

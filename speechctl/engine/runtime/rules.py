@@ -65,13 +65,13 @@ class FrameRules:
         frames = table.frames[slots][:, None]
         return RowStep(g_next, real, a, (a >= 0)[:, None], frames, frames >= 0)
 
-    def forced(self, step: RowStep, max_frames: torch.Tensor, lead_in: torch.Tensor | None = None) -> torch.Tensor:
+    def forced(self, step: RowStep, max_frames: torch.Tensor, lead_in: torch.Tensor) -> torch.Tensor:
         """[R, K] the token each stream must take, or -1 where it is free. ``lead_in`` [R, K]:
         the rows' forced tokens before a stream's delay (-1: BOS), an audio prompt's
         continuation."""
         pat, d, a = self.spec.pattern, self.delays, step.a[:, None]
         end = step.frames + d + self.eos_lag
-        start = pat.bos if lead_in is None else torch.where(lead_in >= 0, lead_in.to(torch.int64), pat.bos)
+        start = torch.where(lead_in >= 0, lead_in.to(torch.int64), pat.bos)
         forced = torch.where(a < d, start, -1)
         forced = torch.where(step.known & (a == end), pat.eos if self.rules.end_token else pat.pad, forced)
         forced = torch.where(step.known & (a > end), pat.pad, forced)

@@ -72,10 +72,10 @@ def voice_prompt(entry: Any, spec: StreamSpec) -> VoicePrompt:
         prompt = VoicePrompt(str(entry["text"]), codes, int(entry.get("lead_frames", 0)))
     except (KeyError, TypeError, ValueError) as e:
         raise ModelError(f"config.json: speechctl.voice_prompt: {e!r}") from None
-    K, C = spec.num_codebooks, spec.pattern.codebook_size
-    if codes.ndim != 2 or codes.shape[0] != K or codes.shape[1] < spec.pattern.max_delay or codes.min() < 0 or codes.max() >= C:
-        raise ModelError(f"config.json: speechctl.voice_prompt.codes must be [{K}][T >= {spec.pattern.max_delay}] codes "
-                         f"below {C}, got shape {list(codes.shape)}")
+    try:  # what the engine will lay out: codes of every stream, in range, a lead stream without delay
+        spec.pattern.continuation(codes)
+    except ValueError as e:
+        raise ModelError(f"config.json: speechctl.voice_prompt.codes: {e}") from None
     if not 0 <= prompt.lead_frames <= codes.shape[1]:
         raise ModelError(f"config.json: speechctl.voice_prompt.lead_frames must be 0..{codes.shape[1]}, got {prompt.lead_frames}")
     return prompt
